@@ -1,0 +1,1 @@
+"""One builder class per file; the registry imports every module here."""

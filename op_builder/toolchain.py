@@ -1,0 +1,76 @@
+"""What the machine has for compiling ops: C++ compiler, ninja, nvcc/hipcc.
+
+Checked before a build starts, so a missing tool gives a one-line hint instead
+of a compiler log. Nothing here imports torch at module import time.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from op_builder.errors import OpBuildError
+
+
+def cxx_compiler(env=os.environ) -> str | None:
+    """Path of the C++ compiler torch's extension builder will call ($CXX or c++)."""
+    return shutil.which(env.get("CXX", "c++"), path=env.get("PATH"))
+
+
+def ninja(env=os.environ) -> str | None:
+    return shutil.which("ninja", path=env.get("PATH"))
+
+
+def cuda_home(env=os.environ) -> Path | None:
+    """The CUDA toolkit root, found the way torch finds it: $CUDA_HOME, $CUDA_PATH, then nvcc on PATH."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if env.get(var):
+            return Path(env[var])
+    nvcc = shutil.which("nvcc", path=env.get("PATH"))
+    return Path(nvcc).resolve().parent.parent if nvcc else None
+
+
+def nvcc(env=os.environ) -> str | None:
+    home = cuda_home(env)
+    candidate = home / "bin" / "nvcc" if home else None
+    return str(candidate) if candidate and candidate.exists() else None
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_version(nvcc_path: str) -> str | None:
+    """'13.0' from `nvcc --version`, or None if it cannot be run."""
+    try:
+        out = subprocess.run([nvcc_path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+\.\d+)", out)
+    return match.group(1) if match else None
+
+
+def check(op: str, *, with_cuda: bool, env=os.environ) -> None:
+    """Raise OpBuildError with a hint if a tool the build needs is missing."""
+    if cxx_compiler(env) is None:
+        raise OpBuildError(op, f"no C++ compiler found (looked for '{env.get('CXX', 'c++')}')",
+                           hint="install g++ (e.g. `apt-get install g++`) or point CXX at a C++17 compiler.")
+    if ninja(env) is None:
+        raise OpBuildError(op, "ninja is not installed",
+                           hint="`pip install ninja` (torch's extension builder needs it).")
+    if not with_cuda:
+        return
+    import torch
+
+    if torch.version.hip:
+        return  # ROCm: torch's builder locates hipcc itself through ROCM_HOME.
+    nvcc_path = nvcc(env)
+    if nvcc_path is None:
+        raise OpBuildError(op, "the CUDA toolkit (nvcc) was not found",
+                           hint=f"install the CUDA {torch.version.cuda} toolkit and set CUDA_HOME "
+                                "(or put nvcc on PATH).")
+    found = nvcc_version(nvcc_path)
+    if found and torch.version.cuda and found.split(".")[0] != torch.version.cuda.split(".")[0]:
+        raise OpBuildError(op, f"nvcc is CUDA {found} but torch was built with CUDA {torch.version.cuda}",
+                           hint=f"install a CUDA {torch.version.cuda.split('.')[0]}.x toolkit and point CUDA_HOME at it, "
+                                "or install the torch build for your CUDA.")
