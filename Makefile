@@ -19,9 +19,11 @@ test: deps
 test-gpu: deps
 	$(PYTHON) -m pytest -m gpu -q -rs
 
+# Runs every benchmark even if one fails; fails at the end if any did.
 bench: deps
-	@set -e; for script in $$(find benchmarks -name 'bench_*.py' | sort); do \
-	  echo "== $$script"; PYTHONPATH=.:compatibility $(PYTHON) $$script; done
+	@failed=""; for script in $$(find benchmarks -name 'bench_*.py' | sort); do \
+	  echo "== $$script"; PYTHONPATH=.:compatibility $(PYTHON) $$script || failed="$$failed $$script"; done; \
+	  if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi
 
 demo: install
 	$(PYTHON) examples/gpt_demo.py

@@ -112,7 +112,7 @@ def compile_module(builder: OpBuilder, fingerprint: dict, build_dir: Path, faile
     spec = {
         "name": builder.NAME,
         "sources": [str(s) for s in builder.sources(with_gpu)],
-        "include_dirs": [str(d) for d in builder.include_dirs()],
+        "include_dirs": [str(d) for d in builder.include_dirs()] + (toolchain.cuda_library_header_dirs() if with_gpu else []),
         "cxx_flags": builder.cxx_flags(),
         "nvcc_flags": builder.nvcc_flags() if with_gpu else [],
         "build_dir": str(build_dir),
@@ -131,8 +131,9 @@ def _run_child(spec: dict, build_dir: Path, fingerprint: dict) -> str | None:
     """Run the build in a child process, logging to build.log. Returns None on success, else the log."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(paths.PACKAGE_DIR.parent), env.get("PYTHONPATH")]))
-    if spec["with_gpu"] and fingerprint["archs"] and not fingerprint["hip"]:
+    if spec["with_gpu"] and not fingerprint["hip"]:
         env["TORCH_CUDA_ARCH_LIST"] = fingerprint["archs"]
+        env["CUDA_HOME"] = str(toolchain.cuda_home())  # the toolkit toolchain.check approved, for torch too
     verbose = os.environ.get(VERBOSE_ENV, "0") not in ("", "0")
     log_path = build_dir / "build.log"
     with open(log_path, "w") as log_file:

@@ -34,6 +34,9 @@ def extensions(source_root: Path) -> tuple[list, dict]:
     chosen = requested()
     if not chosen:
         return [], {}
+    home = toolchain.cuda_home()
+    if home and "CUDA_HOME" not in os.environ:  # torch's extension builder reads it once, at import
+        os.environ["CUDA_HOME"] = str(home)
     import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
@@ -51,7 +54,8 @@ def extensions(source_root: Path) -> tuple[list, dict]:
         ext_modules.append(make(
             name=f"{PREBUILT_PACKAGE}.{cls.NAME}",
             sources=[str(s) for s in builder.sources(with_gpu)],
-            include_dirs=[str(d.resolve()) for d in builder.include_dirs()],
+            include_dirs=[str(d.resolve()) for d in builder.include_dirs()]
+            + (toolchain.cuda_library_header_dirs() if with_gpu else []),
             extra_compile_args={"cxx": builder.cxx_flags(), "nvcc": builder.nvcc_flags() if with_gpu else []},
         ))
         fingerprints[cls.NAME] = builder.fingerprint(with_gpu)

@@ -25,12 +25,29 @@ def ninja(env=os.environ) -> str | None:
 
 
 def cuda_home(env=os.environ) -> Path | None:
-    """The CUDA toolkit root, found the way torch finds it: $CUDA_HOME, $CUDA_PATH, then nvcc on PATH."""
+    """The CUDA toolkit root: $CUDA_HOME, $CUDA_PATH, else where the nvcc on PATH says it lives.
+
+    nvcc is asked (not just located) because it is often a wrapper script or a
+    symlink outside the toolkit (/usr/local/bin/nvcc), whose parent has no lib64/.
+    """
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if env.get(var):
             return Path(env[var])
-    nvcc = shutil.which("nvcc", path=env.get("PATH"))
-    return Path(nvcc).resolve().parent.parent if nvcc else None
+    nvcc_on_path = shutil.which("nvcc", path=env.get("PATH"))
+    return _toolkit_root(nvcc_on_path) if nvcc_on_path else None
+
+
+@functools.lru_cache(maxsize=None)
+def _toolkit_root(nvcc_path: str) -> Path:
+    try:
+        out = subprocess.run([nvcc_path, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+        match = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.MULTILINE)
+        if match:
+            return Path(match.group(1).strip()).resolve()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return Path(nvcc_path).resolve().parent.parent
 
 
 def nvcc(env=os.environ) -> str | None:
@@ -48,6 +65,23 @@ def nvcc_version(nvcc_path: str) -> str | None:
         return None
     match = re.search(r"release (\d+\.\d+)", out)
     return match.group(1) if match else None
+
+
+def cuda_library_header_dirs(env=os.environ) -> list[str]:
+    """Header dirs of CUDA libraries installed as pip wheels beside torch (nvidia/*/include).
+
+    torch's headers include cuSPARSE/cuBLAS headers that a bare nvcc install (no
+    full toolkit) lacks; the wheels torch depends on carry them. Empty when the
+    toolkit has them itself.
+    """
+    home = cuda_home(env)
+    if home and any((home / sub / "cusparse.h").exists() for sub in ("include", "targets/x86_64-linux/include")):
+        return []
+    try:
+        import nvidia  # namespace package of NVIDIA's CUDA wheels
+    except ImportError:
+        return []
+    return sorted(str(d) for base in nvidia.__path__ for d in Path(base).glob("*/include") if d.is_dir())
 
 
 def check(op: str, *, with_cuda: bool, env=os.environ) -> None:

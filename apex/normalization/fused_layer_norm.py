@@ -1,0 +1,165 @@
+"""Fused LayerNorm and RMSNorm (NVIDIA apex's apex.normalization API).
+
+Every function and module takes inputs of shape ``(*, *normalized_shape)`` in float32,
+float16 or bfloat16 (float64 too), normalizes over the trailing ``normalized_shape``
+dimensions with float32 statistics, and runs on CPU and CUDA tensors through the
+``torch.ops.apex`` ops (which torch.compile traces with ``fullgraph=True``). Under
+autocast, inputs and parameters are cast to the autocast dtype first, as in NVIDIA apex.
+
+Non-mixed forms return the input's dtype (parameters of another dtype are cast to it,
+as torch.nn.LayerNorm does); the ``mixed_dtype_*`` forms and ``MixedFused*`` modules
+return the parameters' dtype (e.g. float32 parameters with a bfloat16 input give a
+float32 output).
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from apex.normalization._ops import ensure_loaded
+
+_Shape = Union[int, Sequence[int], torch.Size]
+
+
+def _as_shape(normalized_shape: _Shape) -> list[int]:
+    if isinstance(normalized_shape, numbers.Integral):
+        return [int(normalized_shape)]
+    return [int(d) for d in normalized_shape]
+
+
+def _autocast(input: torch.Tensor, *params: Optional[torch.Tensor]):
+    device_type = input.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return (input, *params)
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in (input, *params))
+
+
+def _cast_param(param: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    return param if param is None or param.dtype == dtype else param.to(dtype)
+
+
+def _normalize(input, normalized_shape, weight, bias, eps, memory_efficient, *, rms: bool, mixed: bool):
+    if not torch.compiler.is_compiling():
+        ensure_loaded()
+    input, weight, bias = _autocast(input, weight, bias)
+    if not mixed and input.is_floating_point():
+        weight, bias = _cast_param(weight, input.dtype), _cast_param(bias, input.dtype)
+    shape = _as_shape(normalized_shape)
+    if rms:
+        return torch.ops.apex.rms_norm_fwd(input, shape, weight, eps, memory_efficient)[0]
+    return torch.ops.apex.layer_norm_fwd(input, shape, weight, bias, eps, memory_efficient)[0]
+
+
+def fused_layer_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
+    """LayerNorm without affine parameters: ``(x - mean) / sqrt(var + eps)`` over normalized_shape."""
+    return _normalize(input, normalized_shape, None, None, eps, memory_efficient, rms=False, mixed=False)
+
+
+def fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6, memory_efficient=False):
+    """LayerNorm with ``weight``/``bias`` of shape normalized_shape; output in input's dtype."""
+    return _normalize(input, normalized_shape, weight, bias, eps, memory_efficient, rms=False, mixed=False)
+
+
+def mixed_dtype_fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6, memory_efficient=False):
+    """LayerNorm with ``weight``/``bias`` (float32 allowed with a half/bfloat16 input); output in weight's dtype."""
+    return _normalize(input, normalized_shape, weight, bias, eps, memory_efficient, rms=False, mixed=True)
+
+
+def fused_rms_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
+    """RMSNorm without weight: ``x / sqrt(mean(x^2) + eps)`` over normalized_shape."""
+    return _normalize(input, normalized_shape, None, None, eps, memory_efficient, rms=True, mixed=False)
+
+
+def fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6, memory_efficient=False):
+    """RMSNorm with ``weight`` of shape normalized_shape; output in input's dtype."""
+    return _normalize(input, normalized_shape, weight, None, eps, memory_efficient, rms=True, mixed=False)
+
+
+def mixed_dtype_fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6, memory_efficient=False):
+    """RMSNorm with ``weight`` (float32 allowed with a half/bfloat16 input); output in weight's dtype."""
+    return _normalize(input, normalized_shape, weight, None, eps, memory_efficient, rms=True, mixed=True)
+
+
+class _FusedNorm(nn.Module):
+    """Parameters and forward shared by the four modules; subclasses pick bias and mixed dtypes."""
+
+    _rms: bool = False
+    _mixed: bool = False
+
+    def __init__(self, normalized_shape: _Shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 memory_efficient: bool = False):
+        super().__init__()
+        ensure_loaded()
+        self.normalized_shape = tuple(_as_shape(normalized_shape))
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.memory_efficient = memory_efficient
+        weight = nn.Parameter(torch.empty(self.normalized_shape)) if elementwise_affine else None
+        bias = nn.Parameter(torch.empty(self.normalized_shape)) if elementwise_affine and not self._rms else None
+        self.register_parameter("weight", weight)
+        self.register_parameter("bias", bias)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _normalize(input, self.normalized_shape, self.weight, self.bias, self.eps, self.memory_efficient,
+                          rms=self._rms, mixed=self._mixed)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"memory_efficient={self.memory_efficient}")
+
+
+class FusedLayerNorm(_FusedNorm):
+    """Drop-in for ``torch.nn.LayerNorm`` (parameters ``weight``, ``bias`` of shape normalized_shape).
+
+    Args: normalized_shape (int or tuple of trailing dims), eps, elementwise_affine,
+    memory_efficient (backward keeps the output instead of the input).
+    Input ``(*, *normalized_shape)``; output same shape, input's dtype.
+    """
+
+
+class FusedRMSNorm(_FusedNorm):
+    """Drop-in for ``torch.nn.RMSNorm`` (parameter ``weight`` of shape normalized_shape).
+
+    Same arguments as FusedLayerNorm; ``x / sqrt(mean(x^2) + eps) * weight``.
+    """
+
+    _rms = True
+
+
+def _mixed_init(module: _FusedNorm, normalized_shape, eps, memory_efficient, kwargs) -> None:
+    # NVIDIA apex: mixed modules are always affine; elementwise_affine=False is an error.
+    if not kwargs.pop("elementwise_affine", True):
+        raise ValueError(f"{type(module).__name__} does not support elementwise_affine=False")
+    if kwargs:
+        raise TypeError(f"{type(module).__name__} got unexpected arguments {sorted(kwargs)}")
+    _FusedNorm.__init__(module, normalized_shape, eps, True, memory_efficient)
+
+
+class MixedFusedLayerNorm(FusedLayerNorm):
+    """FusedLayerNorm whose output takes the parameters' dtype (e.g. float32 parameters, bfloat16 input
+    -> float32 output), as NVIDIA apex / Megatron-LM's MixedFusedLayerNorm."""
+
+    _mixed = True
+
+    def __init__(self, normalized_shape: _Shape, eps: float = 1e-5, *, memory_efficient: bool = False, **kwargs):
+        _mixed_init(self, normalized_shape, eps, memory_efficient, kwargs)
+
+
+class MixedFusedRMSNorm(FusedRMSNorm):
+    """FusedRMSNorm whose output takes the weight's dtype (see MixedFusedLayerNorm)."""
+
+    _mixed = True
+
+    def __init__(self, normalized_shape: _Shape, eps: float = 1e-5, *, memory_efficient: bool = False, **kwargs):
+        _mixed_init(self, normalized_shape, eps, memory_efficient, kwargs)

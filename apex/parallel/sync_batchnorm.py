@@ -1,0 +1,111 @@
+"""apex.parallel.SyncBatchNorm: batch norm whose statistics cover the global batch."""
+from __future__ import annotations
+
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from apex.parallel import _process_group
+from apex.parallel.sync_batchnorm_function import SyncBatchnormFunction
+
+
+def _to_channels_innermost(t: torch.Tensor) -> torch.Tensor:
+    """(N, C, *spatial) -> the (N, *spatial, C) view (no copy for channels_last-strided tensors)."""
+    return t.permute(0, *range(2, t.dim()), 1)
+
+
+def _from_channels_innermost(t: torch.Tensor) -> torch.Tensor:
+    return t.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
+
+
+def _is_channels_last_strided(t: torch.Tensor) -> bool:
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    return t.dim() in formats and not t.is_contiguous() and t.is_contiguous(memory_format=formats[t.dim()])
+
+
+class SyncBatchNorm(_BatchNorm):
+    r"""Batch normalization over the batch of every process in ``process_group``.
+
+    Per-channel statistics are merged across ranks with parallel Welford (exact for
+    different per-rank batch sizes); running statistics follow torch.nn.BatchNorm
+    (unbiased variance in ``running_var``). Without an initialized torch.distributed
+    default group, it behaves as torch.nn.BatchNorm on the local batch.
+
+    Args:
+        num_features: C.
+        eps, momentum, affine, track_running_stats: as torch.nn.BatchNorm2d
+            (``momentum=None`` gives a cumulative moving average).
+        process_group: the ranks whose batches are normalized together (default: all).
+        channel_last: input is (N, H, W, C) with C the last dimension (4-D only).
+        fuse_relu: apply ReLU to the output (after adding ``z``); needs a channels-last layout.
+
+    Shapes: input (N, C), (N, C, L), (N, C, H, W), (N, C, D, H, W) in float16, bfloat16,
+    float32 or float64; or (N, H, W, C) with ``channel_last``. NCHW inputs stored
+    channels_last (``memory_format=torch.channels_last``) run the channels-last kernels
+    without a copy and give a channels_last output. ``forward(input, z=None)``: ``z``, of
+    the input's shape and dtype, is added before the ReLU (channels-last layouts only).
+    """
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 process_group=None, channel_last=False, fuse_relu=False):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.process_group = process_group
+        self.channel_last = channel_last
+        self.fuse_relu = fuse_relu
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", channel_last={self.channel_last}, fuse_relu={self.fuse_relu}"
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"SyncBatchNorm: expected an input of at least 2 dimensions (N, C, ...), got shape "
+                             f"{tuple(input.shape)}")
+        if self.channel_last and input.dim() != 4:
+            raise ValueError(f"SyncBatchNorm(channel_last=True): expected a 4-D (N, H, W, C) input, got shape "
+                             f"{tuple(input.shape)}")
+        channels = input.size(-1) if self.channel_last else input.size(1)
+        if channels != self.num_features:
+            raise ValueError(f"SyncBatchNorm: expected {self.num_features} channels, got input of shape "
+                             f"{tuple(input.shape)} ({channels} channels)")
+
+    def _world_size(self) -> int:
+        if not _process_group.is_initialized():
+            if self.process_group is not None:
+                _process_group.require_initialized("SyncBatchNorm with a process_group")
+            return 1
+        return _process_group.group_size(self.process_group, "SyncBatchNorm")
+
+    def forward(self, input: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_input_dim(input)
+        if z is not None and z.shape != input.shape:
+            raise ValueError(f"SyncBatchNorm: z must have the input's shape {tuple(input.shape)}, got {tuple(z.shape)}")
+
+        # Kernel layout: (*, C) contiguous ("channels innermost") or (N, C, *) contiguous.
+        restore = None
+        if self.channel_last or input.dim() == 2:
+            channels_innermost = True
+        elif _is_channels_last_strided(input):
+            channels_innermost = True
+            input = _to_channels_innermost(input)
+            z = _to_channels_innermost(z) if z is not None else None
+            restore = _from_channels_innermost
+        else:
+            channels_innermost = False
+        if (self.fuse_relu or z is not None) and not channels_innermost:
+            raise ValueError("SyncBatchNorm: fuse_relu and z need a channels-last layout: construct with "
+                             "channel_last=True, or pass a channels_last-strided (N, C, H, W) input")
+
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                momentum = 1.0 / float(self.num_batches_tracked)
+        use_batch_stats = self.training or not self.track_running_stats
+        world_size = self._world_size() if use_batch_stats else 1
+        # Updated in training; the normalization statistics in eval.
+        running_mean = self.running_mean if self.track_running_stats else None
+        running_var = self.running_var if self.track_running_stats else None
+
+        out = SyncBatchnormFunction.apply(
+            input.contiguous(), z.contiguous() if z is not None else None, self.weight, self.bias,
+            running_mean, running_var, self.eps, use_batch_stats, momentum, self.process_group, world_size, channels_innermost, self.fuse_relu)
+        return restore(out) if restore else out

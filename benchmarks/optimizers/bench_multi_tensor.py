@@ -1,0 +1,100 @@
+"""amp_C multi-tensor kernels beside PyTorch's foreach/fused kernels on a GPT-like parameter set.
+
+289 fp32 tensors, 354.9M parameters: 24 layers x 12 tensors (qkv 3072x1024, proj 1024x1024,
+fc1 4096x1024, fc2 1024x4096, each with its bias, and two LayerNorms' weight and bias) plus one
+embedding table holding the 50304 token rows, the 1024 position rows and the final LayerNorm
+(51330x1024), so the parameter count matches GPT-2 medium's.
+
+Rows: an AdamW step (28 bytes/param: read p, g, m, v; write p, m, v), the global grad L2 norm
+(4 bytes/param) and amp's unscale with inf/nan check (8 bytes/param), each as % of the
+measured device copy bandwidth.
+
+    python benchmarks/optimizers/bench_multi_tensor.py
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.common import BandwidthTable, copy_bandwidth_gbs, time_ms  # noqa: E402
+from op_builder import load_op  # noqa: E402
+
+CHUNK = 2048 * 32
+LR, BETAS, EPS, WD = 1e-4, (0.9, 0.999), 1e-8, 0.01
+
+
+def gpt_shapes(layers=24, d=1024, vocab=50304, positions=1024):
+    per_layer = [(3 * d, d), (3 * d,), (d, d), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,), (d,), (d,), (d,), (d,)]
+    return [(vocab + positions + 2, d)] + per_layer * layers
+
+
+def main():
+    amp_C = load_op("amp_C")
+    device = "cuda"
+    shapes = gpt_shapes()
+    params = [torch.randn(s, device=device) * 0.02 for s in shapes]
+    grads = [torch.randn_like(p) * 1e-3 for p in params]
+    numel = sum(p.numel() for p in params)
+    table = BandwidthTable(f"{len(params)} fp32 tensors, {numel / 1e6:.1f}M params", copy_bandwidth_gbs(device))
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+
+    # ---- AdamW step
+    exp_avgs = [torch.zeros_like(p) for p in params]
+    exp_avg_sqs = [torch.zeros_like(p) for p in params]
+    step = [0]
+
+    def amp_c_adam():
+        step[0] += 1
+        amp_C.multi_tensor_adam(CHUNK, flag, [grads, params, exp_avgs, exp_avg_sqs], LR, *BETAS, EPS, step[0], 1, 1,
+                                WD)
+
+    adam_bytes = 28 * numel
+    table.add("AdamW step", "amp_C.multi_tensor_adam", time_ms(amp_c_adam), adam_bytes)
+    del exp_avgs, exp_avg_sqs
+
+    def torch_adamw(**kind):
+        leaves = [p.clone().requires_grad_() for p in params]
+        for leaf, g in zip(leaves, grads):
+            leaf.grad = g
+        return torch.optim.AdamW(leaves, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, **kind)
+
+    for name, kind in (("torch AdamW foreach", {"foreach": True}), ("torch AdamW fused", {"fused": True})):
+        opt = torch_adamw(**kind)
+        table.add("AdamW step", name, time_ms(opt.step), adam_bytes)
+        del opt
+        torch.cuda.empty_cache()
+    try:  # apex.optimizers is written beside this benchmark; time it when it is there
+        from apex.optimizers import FusedAdam
+
+        leaves = [p.clone().requires_grad_() for p in params]
+        for leaf, g in zip(leaves, grads):
+            leaf.grad = g
+        opt = FusedAdam(leaves, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, adam_w_mode=True)
+        table.add("AdamW step", "apex FusedAdam", time_ms(opt.step), adam_bytes)
+        del opt, leaves
+        torch.cuda.empty_cache()
+    except ImportError as err:
+        print(f"(no apex FusedAdam row: {err})")
+
+    # ---- global grad L2 norm (and per-tensor norms)
+    norm_bytes = 4 * numel
+    table.add("grad L2 norm", "amp_C.multi_tensor_l2norm",
+              time_ms(lambda: amp_C.multi_tensor_l2norm(CHUNK, flag, [grads], True)), norm_bytes)
+    table.add("grad L2 norm", "torch._foreach_norm",
+              time_ms(lambda: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))), norm_bytes)
+
+    # ---- amp unscale with inf/nan check (in place)
+    unscale_bytes = 8 * numel
+    inv_scale = torch.full((1,), 1.0, device=device)
+    found_inf = torch.zeros(1, device=device)
+    table.add("unscale + inf check", "amp_C.multi_tensor_scale",
+              time_ms(lambda: amp_C.multi_tensor_scale(CHUNK, flag, [grads, grads], 1.0)), unscale_bytes)
+    table.add("unscale + inf check", "torch._amp_foreach_...",
+              time_ms(lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)),
+              unscale_bytes)
+    table.print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""SyncBatchNorm forward+backward: apex.parallel.SyncBatchNorm beside torch.nn.SyncBatchNorm.
+
+    python benchmarks/parallel/bench_syncbn.py            # 1 GPU, then 2 GPUs if present
+    python benchmarks/parallel/bench_syncbn.py --gpus 1
+
+N=64, C=256, 56x56 in fp16/bf16/fp32, NCHW and channels_last memory format. The
+2-GPU run spawns its own two NCCL processes (rank 0 prints). "% copy" counts the bytes
+a fused implementation must move: forward reads x twice and writes y, backward reads
+x and dy twice and writes dx (8 tensor passes).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from benchmarks.common import BandwidthTable, copy_bandwidth_gbs, time_ms  # noqa: E402
+from benchmarks.parallel.launch import run_on_gpus  # noqa: E402
+
+SHAPE = (64, 256, 56, 56)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+PASSES = 8
+
+
+def bench_table(title: str) -> BandwidthTable:
+    from apex.parallel import SyncBatchNorm
+
+    table = BandwidthTable(title, copy_bandwidth_gbs())
+    for dtype_name, dtype in DTYPES.items():
+        for layout, memory_format in (("NCHW", torch.contiguous_format), ("NHWC", torch.channels_last)):
+            x = torch.randn(SHAPE, device="cuda", dtype=dtype).contiguous(memory_format=memory_format)
+            x.requires_grad_(True)
+            dy = torch.randn_like(x)
+            modules = {
+                "apex SyncBatchNorm": SyncBatchNorm(SHAPE[1]).cuda().to(dtype),
+                "torch SyncBatchNorm": torch.nn.SyncBatchNorm(SHAPE[1]).cuda().to(dtype),
+            }
+            for impl, module in modules.items():
+                if not dist.is_initialized() and impl.startswith("torch"):
+                    module = torch.nn.BatchNorm2d(SHAPE[1]).cuda().to(dtype)  # torch's SyncBN needs a group
+                    impl = "torch BatchNorm2d"
+
+                def step(module=module):
+                    module(x).backward(dy)
+
+                ms = time_ms(step, warmup=5, iters=20)
+                table.add(f"{dtype_name} {layout} {tuple(SHAPE)}", impl, ms, PASSES * x.numel() * x.element_size())
+    return table
+
+
+def distributed_main(rank: int, world_size: int) -> None:
+    table = bench_table(f"SyncBatchNorm fwd+bwd, {world_size} GPUs (per-GPU batch {SHAPE[0]})")
+    if rank == 0:
+        table.print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=None, help="1 or 2 (default: 1, then 2 if available)")
+    args = parser.parse_args()
+    counts = [args.gpus] if args.gpus else [1] + ([2] if torch.cuda.device_count() >= 2 else [])
+    for gpus in counts:
+        if gpus == 1:
+            bench_table("SyncBatchNorm fwd+bwd, 1 GPU (no process group)").print()
+        else:
+            run_on_gpus(distributed_main, gpus)
+
+
+if __name__ == "__main__":
+    main()

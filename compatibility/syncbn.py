@@ -1,0 +1,3 @@
+"""syncbn: Welford statistics and batch-norm kernels for SyncBatchNorm. Compiled on first attribute access (see op_builder)."""
+from op_builder.lazy import lazy_module_getattr
+__getattr__, __dir__ = lazy_module_getattr(__name__)

@@ -1,0 +1,139 @@
+// CPU kernels of apex's fused LayerNorm / RMSNorm: rows in parallel (at::parallel_for),
+// each row converted once to the accumulation type and processed with at::vec.
+
+#include "layer_norm.h"
+#include "layer_norm_math.h"
+
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+#include <vector>
+
+namespace apex::layer_norm {
+namespace {
+
+// Rows per parallel task: enough elements that scheduling is cheap against the work.
+constexpr int64_t kElementsPerTask = 1 << 15;
+
+int64_t grain_rows(int64_t cols) { return std::max<int64_t>(1, kElementsPerTask / cols); }
+
+// weight / bias as accumulation-type vectors (`fill` when absent), so every row loop has one shape.
+template <typename W, typename A>
+std::vector<A> parameter_or(const at::Tensor& p, int64_t cols, A fill) {
+  std::vector<A> out(cols, fill);
+  if (p.defined()) at::vec::convert(p.const_data_ptr<W>(), out.data(), cols);
+  return out;
+}
+
+template <typename T, typename W>
+void forward_rows(const ForwardArgs& a) {
+  using A = at::opmath_type<T>;
+  using Vec = at::vec::Vectorized<A>;
+  const int64_t cols = a.cols;
+  const auto gamma = parameter_or<W>(a.weight, cols, A(1));
+  const auto beta = parameter_or<W>(a.bias, cols, A(0));
+  const T* x = a.input.const_data_ptr<T>();
+  W* y = a.output.mutable_data_ptr<W>();
+  A* mean_out = a.rms ? nullptr : a.mean.mutable_data_ptr<A>();
+  A* invvar_out = a.invvar.mutable_data_ptr<A>();
+  const auto plus = [](Vec u, Vec v) { return u + v; };
+
+  at::parallel_for(0, a.rows, grain_rows(cols), [&](int64_t begin, int64_t end) {
+    std::vector<A> row(cols);
+    for (int64_t r = begin; r < end; ++r) {
+      at::vec::convert(x + r * cols, row.data(), cols);
+      const A mean = a.rms ? A(0) : at::vec::reduce_all<A>(plus, row.data(), cols) / cols;
+      const A var = at::vec::map_reduce_all<A>(
+                        [mean](Vec v) {
+                          const Vec d = v - Vec(mean);
+                          return d * d;
+                        },
+                        plus, row.data(), cols) /
+                    cols;
+      const A invvar = A(1) / std::sqrt(var + static_cast<A>(a.eps));
+      at::vec::map3<A>([mean, invvar](Vec v, Vec g, Vec b) { return (v - Vec(mean)) * Vec(invvar) * g + b; },
+                       row.data(), row.data(), gamma.data(), beta.data(), cols);
+      at::vec::convert(row.data(), y + r * cols, cols);
+      if (mean_out) mean_out[r] = mean;
+      invvar_out[r] = invvar;
+    }
+  });
+}
+
+template <typename T, typename W>
+void backward_rows(const BackwardArgs& a) {
+  using A = at::opmath_type<T>;
+  using Vec = at::vec::Vectorized<A>;
+  const int64_t cols = a.cols;
+  const auto gamma = parameter_or<W>(a.weight, cols, A(1));
+  const auto beta = parameter_or<W>(a.bias, cols, A(0));
+  const T* x_or_y = a.input_or_output.const_data_ptr<T>();
+  const W* dy = a.grad_output.const_data_ptr<W>();
+  T* dx = a.grad_input.mutable_data_ptr<T>();
+  const A* mean = a.rms ? nullptr : a.mean.const_data_ptr<A>();
+  const A* invvar = a.invvar.const_data_ptr<A>();
+  const bool want_dgamma = a.grad_weight.defined(), want_dbeta = a.grad_bias.defined();
+  const auto plus = [](Vec u, Vec v) { return u + v; };
+
+  // One row of weight/bias partial sums per worker thread, summed at the end (no sharing, no atomics).
+  const int64_t workers = at::get_num_threads();
+  std::vector<A> dgamma_parts(want_dgamma ? workers * cols : 0, A(0));
+  std::vector<A> dbeta_parts(want_dbeta ? workers * cols : 0, A(0));
+
+  at::parallel_for(0, a.rows, grain_rows(cols), [&](int64_t begin, int64_t end) {
+    std::vector<A> xhat(cols), dy_row(cols), gdy(cols);
+    A* dgamma = want_dgamma ? dgamma_parts.data() + at::get_thread_num() * cols : nullptr;
+    A* dbeta = want_dbeta ? dbeta_parts.data() + at::get_thread_num() * cols : nullptr;
+    for (int64_t r = begin; r < end; ++r) {
+      at::vec::convert(x_or_y + r * cols, xhat.data(), cols);
+      at::vec::convert(dy + r * cols, dy_row.data(), cols);
+      const NormalizedInput<A> normalize{mean ? mean[r] : A(0), invvar[r], static_cast<A>(a.eps),
+                                         a.memory_efficient, a.weight.defined(), a.bias.defined()};
+      for (int64_t c = 0; c < cols; ++c) xhat[c] = normalize(xhat[c], gamma[c], beta[c]);
+      at::vec::map2<A>([](Vec g, Vec d) { return g * d; }, gdy.data(), gamma.data(), dy_row.data(), cols);
+      const A mean_gdy = a.rms ? A(0) : at::vec::reduce_all<A>(plus, gdy.data(), cols) / cols;
+      const A mean_gdy_xhat =
+          at::vec::map2_reduce_all<A>([](Vec g, Vec h) { return g * h; }, plus, gdy.data(), xhat.data(), cols) /
+          cols;
+      const A inv = invvar[r];
+      at::vec::map2<A>([=](Vec g, Vec h) { return Vec(inv) * (g - Vec(mean_gdy) - h * Vec(mean_gdy_xhat)); },
+                       gdy.data(), gdy.data(), xhat.data(), cols);
+      at::vec::convert(gdy.data(), dx + r * cols, cols);
+      if (dgamma) {
+        for (int64_t c = 0; c < cols; ++c) dgamma[c] += dy_row[c] * xhat[c];
+      }
+      if (dbeta) {
+        for (int64_t c = 0; c < cols; ++c) dbeta[c] += dy_row[c];
+      }
+    }
+  });
+
+  const auto reduce_parts = [&](const std::vector<A>& parts, const at::Tensor& out) {
+    std::vector<A> total(cols, A(0));
+    for (int64_t w = 0; w < workers; ++w) {
+      at::vec::map2<A>(plus, total.data(), total.data(), parts.data() + w * cols, cols);
+    }
+    at::vec::convert(total.data(), out.mutable_data_ptr<W>(), cols);
+  };
+  if (want_dgamma) reduce_parts(dgamma_parts, a.grad_weight);
+  if (want_dbeta) reduce_parts(dbeta_parts, a.grad_bias);
+}
+
+void forward_cpu(const ForwardArgs& a) {
+  dispatch_dtypes(a.input.scalar_type(), a.output.scalar_type(), "fused_layer_norm forward (CPU)",
+                  [&](auto t, auto w) { forward_rows<decltype(t), decltype(w)>(a); });
+}
+
+void backward_cpu(const BackwardArgs& a) {
+  dispatch_dtypes(a.input_or_output.scalar_type(), a.grad_output.scalar_type(), "fused_layer_norm backward (CPU)",
+                  [&](auto t, auto w) { backward_rows<decltype(t), decltype(w)>(a); });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(apex, CPU, m) { register_kernels<forward_cpu, backward_cpu>(m); }
+
+}  // namespace apex::layer_norm

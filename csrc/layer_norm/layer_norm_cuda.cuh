@@ -1,0 +1,166 @@
+#pragma once
+// Device helpers and launch-shape choices shared by the LayerNorm / RMSNorm CUDA kernels.
+
+#include "layer_norm.h"
+#include "layer_norm_math.h"
+
+#include <ATen/OpMathType.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/DeviceUtils.cuh>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/macros/Macros.h>
+
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+
+namespace apex::layer_norm::cuda {
+
+// Widest global load/store one thread issues (LDG.128 / STG.128).
+constexpr int kVecBytes = 16;
+// Threads per block the launchers aim for: several blocks per SM, so one block's
+// reductions overlap another's loads.
+constexpr int kBlockThreads = 256;
+constexpr int kMaxThreads = 1024;
+// Register-resident kernels: at most this many threads per row (so up to 128 registers per
+// thread, room for 8 vectors of a row, and two blocks of a wide row fit on an SM).
+constexpr int kMaxRegisterRowThreads = 512;
+constexpr int kMaxWarps = kMaxThreads / C10_WARP_SIZE;
+
+template <typename T>
+using acc_t = at::opmath_type<T>;
+
+// Elements of T in one 16-byte vector.
+template <typename T>
+constexpr int vec_width() {
+  return kVecBytes / sizeof(T);
+}
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename P>
+bool is_aligned(const P* ptr, size_t alignment) {
+  return reinterpret_cast<uintptr_t>(ptr) % alignment == 0;
+}
+
+// Sums K values over the blockDim.x threads that share one row (threadIdx.y picks the row);
+// every thread of the row gets the totals. Must be reached by every thread of the block.
+template <int K, typename A>
+__device__ __forceinline__ void row_sum(A (&v)[K], A* scratch /* >= kMaxWarps * K */) {
+  const int width = blockDim.x < C10_WARP_SIZE ? blockDim.x : C10_WARP_SIZE;
+  for (int offset = width / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += WARP_SHFL_XOR(v[k], offset);
+  }
+  if (blockDim.x <= C10_WARP_SIZE) return;
+  const int warps = blockDim.x / C10_WARP_SIZE;
+  A* row_scratch = scratch + threadIdx.y * warps * K;
+  if (threadIdx.x % C10_WARP_SIZE == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) row_scratch[(threadIdx.x / C10_WARP_SIZE) * K + k] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    v[k] = A(0);
+    for (int w = 0; w < warps; ++w) v[k] += row_scratch[w * K + k];
+  }
+  __syncthreads();  // the scratch is reused by the next call
+}
+
+// Columns folded per block by column_sum: threads (kFoldColumns, kFoldRows).
+constexpr int kFoldColumns = C10_WARP_SIZE;
+constexpr int kFoldRows = 16;
+
+// Sums `value` over threadIdx.y of a (kFoldColumns, kFoldRows) block; the total lands in threadIdx.y == 0.
+template <typename A>
+__device__ __forceinline__ A column_sum(A value) {
+  __shared__ A fold[kFoldRows][kFoldColumns + 1];  // +1: no bank conflicts on the transposed read
+  fold[threadIdx.y][threadIdx.x] = value;
+  __syncthreads();
+  A total = A(0);
+  if (threadIdx.y == 0) {
+    for (int r = 0; r < kFoldRows; ++r) total += fold[r][threadIdx.x];
+  }
+  return total;
+}
+
+// How the 16-byte vectors of one row are spread over a block.
+struct RowLayout {
+  int items;            // vectors each thread keeps in registers
+  int threads_per_row;  // blockDim.x: a power of two up to a warp, else whole warps
+  int rows_per_block;   // blockDim.y
+};
+
+// Register-resident layout for rows of `vecs` vectors, or nullopt if a row needs more than
+// max_items vectors (at most 8) on each of max_threads_per_row threads. Aims at 4 vectors per
+// thread (several loads in flight each) once a row fills a warp.
+inline std::optional<RowLayout> register_layout(int64_t vecs, int max_threads_per_row, int max_items = 8) {
+  const int warp = at::cuda::warp_size();
+  for (int items : {1, 2, 4, 8}) {
+    if (items > max_items) break;
+    if (items < 4 && vecs > int64_t(items) * warp) continue;
+    int64_t threads = (vecs + items - 1) / items;
+    if (threads <= warp) {
+      int pow2 = 1;
+      while (pow2 < threads) pow2 *= 2;
+      threads = pow2;
+    } else {
+      threads = (threads + warp - 1) / warp * warp;
+    }
+    if (threads > max_threads_per_row) continue;
+    const int t = static_cast<int>(threads);
+    return RowLayout{items, t, std::max(1, kBlockThreads / t)};
+  }
+  return std::nullopt;
+}
+
+// Layout of the scalar "streaming" kernels (any width, any alignment): whole warps per row,
+// up to a block per row for wide rows.
+inline RowLayout streaming_layout(int64_t cols) {
+  const int warp = at::cuda::warp_size();
+  int threads = warp;
+  while (threads < kBlockThreads && threads * 8 < cols) threads *= 2;
+  return RowLayout{1, threads, std::max(1, kBlockThreads / threads)};
+}
+
+// Calls f(std::integral_constant<int, items>{}) for items in {1, 2, 4, 8}.
+template <typename F>
+void dispatch_items(int items, F&& f) {
+  switch (items) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
+// Calls f(std::true_type{}) or f(std::false_type{}).
+template <typename F>
+void dispatch_bool(bool value, F&& f) {
+  if (value) return f(std::true_type{});
+  return f(std::false_type{});
+}
+
+template <typename P>
+const P* data_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<P>() : nullptr;
+}
+
+// Device guard, row-width check and dtype dispatch shared by the CUDA entry points:
+// calls launch(T{}, W{}) for input/x dtype T and weight/output dtype W.
+template <typename F>
+void on_device(const at::Tensor& tensor, int64_t cols, at::ScalarType input, at::ScalarType output, const char* name,
+               F&& launch) {
+  TORCH_CHECK(cols <= INT32_MAX, std::string(name) + ": rows longer than 2^31 - 1 elements are not supported");
+  const c10::cuda::CUDAGuard guard(tensor.device());
+  dispatch_dtypes(input, output, name, launch);
+}
+
+void forward_cuda(const ForwardArgs& args);
+void backward_cuda(const BackwardArgs& args);
+
+}  // namespace apex::layer_norm::cuda

@@ -1,0 +1,185 @@
+// LayerNorm / RMSNorm forward on CUDA. One pass over memory: each row is read once into
+// registers (16-byte loads), reduced, normalized and written. Rows that are not 16-byte
+// aligned, or too wide for registers, take a scalar kernel that reads the row three times
+// (the re-reads are mostly cache hits).
+
+#include "layer_norm_cuda.cuh"
+
+namespace apex::layer_norm::cuda {
+namespace {
+
+template <typename T, typename W>
+struct ForwardParams {
+  const T* x;
+  const W* gamma;  // nullable
+  const W* beta;   // nullable
+  W* y;
+  acc_t<T>* mean;  // nullable (RMSNorm)
+  acc_t<T>* invvar;
+  int64_t rows;
+  int cols;
+  acc_t<T> eps;
+};
+
+// mean (0 for RMSNorm) and invvar of a row from its per-thread sums; `centered_sq` maps the
+// mean to the thread's sum of squared deviations. Writes both statistics for live rows.
+template <bool RMS, typename T, typename W, typename SumFn, typename SqFn>
+__device__ __forceinline__ void row_statistics(const ForwardParams<T, W>& p, int64_t row, bool live, SumFn local_sum,
+                                               SqFn centered_sq, acc_t<T>& mean, acc_t<T>& invvar) {
+  using A = acc_t<T>;
+  __shared__ A scratch[kMaxWarps];
+  mean = A(0);
+  if constexpr (!RMS) {
+    A s[1] = {local_sum()};
+    row_sum(s, scratch);
+    mean = s[0] / p.cols;
+  }
+  A sq[1] = {centered_sq(mean)};
+  row_sum(sq, scratch);
+  invvar = A(1) / sqrt(sq[0] / p.cols + p.eps);
+  if (live && threadIdx.x == 0) {
+    if constexpr (!RMS) p.mean[row] = mean;
+    p.invvar[row] = invvar;
+  }
+}
+
+template <typename T, typename W, int ITEMS, bool RMS>
+__global__ void __launch_bounds__(kMaxRegisterRowThreads) forward_in_registers(ForwardParams<T, W> p) {
+  using A = acc_t<T>;
+  constexpr int V = vec_width<T>();
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool live = row < p.rows;
+  const int vecs = p.cols / V;
+  const auto in_row = [&](int k) { return live && int(threadIdx.x) + k * int(blockDim.x) < vecs; };
+  const auto index = [&](int k) { return threadIdx.x + k * blockDim.x; };
+
+  Vec<T, V> x[ITEMS];
+  const auto* x_row = reinterpret_cast<const Vec<T, V>*>(p.x + row * p.cols);
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    if (in_row(k)) x[k] = x_row[index(k)];
+  }
+
+  const auto local_sum = [&] {
+    A s = A(0);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (!in_row(k)) continue;
+#pragma unroll
+      for (int j = 0; j < V; ++j) s += static_cast<A>(x[k].v[j]);
+    }
+    return s;
+  };
+  const auto centered_sq = [&](A mean) {
+    A s = A(0);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (!in_row(k)) continue;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A d = static_cast<A>(x[k].v[j]) - mean;
+        s += d * d;
+      }
+    }
+    return s;
+  };
+  A mean, invvar;
+  row_statistics<RMS>(p, row, live, local_sum, centered_sq, mean, invvar);
+
+  const auto* gamma = reinterpret_cast<const Vec<W, V>*>(p.gamma);
+  const auto* beta = reinterpret_cast<const Vec<W, V>*>(p.beta);
+  auto* y_row = reinterpret_cast<Vec<W, V>*>(p.y + row * p.cols);
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    if (!in_row(k)) continue;
+    Vec<W, V> g, b, out;
+    if (gamma) g = gamma[index(k)];
+    if (beta) b = beta[index(k)];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      A v = (static_cast<A>(x[k].v[j]) - mean) * invvar;
+      if (gamma) v *= static_cast<A>(g.v[j]);
+      if (beta) v += static_cast<A>(b.v[j]);
+      out.v[j] = static_cast<W>(v);
+    }
+    y_row[index(k)] = out;
+  }
+}
+
+template <typename T, typename W, bool RMS>
+__global__ void forward_streaming(ForwardParams<T, W> p) {
+  using A = acc_t<T>;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool live = row < p.rows;
+  const int end = live ? p.cols : 0;
+  const T* x = p.x + row * p.cols;
+
+  const auto local_sum = [&] {
+    A s = A(0);
+    for (int c = threadIdx.x; c < end; c += blockDim.x) s += static_cast<A>(x[c]);
+    return s;
+  };
+  const auto centered_sq = [&](A mean) {
+    A s = A(0);
+    for (int c = threadIdx.x; c < end; c += blockDim.x) {
+      const A d = static_cast<A>(x[c]) - mean;
+      s += d * d;
+    }
+    return s;
+  };
+  A mean, invvar;
+  row_statistics<RMS>(p, row, live, local_sum, centered_sq, mean, invvar);
+
+  W* y = p.y + row * p.cols;
+  for (int c = threadIdx.x; c < end; c += blockDim.x) {
+    A v = (static_cast<A>(x[c]) - mean) * invvar;
+    if (p.gamma) v *= static_cast<A>(p.gamma[c]);
+    if (p.beta) v += static_cast<A>(p.beta[c]);
+    y[c] = static_cast<W>(v);
+  }
+}
+
+template <typename T, typename W>
+void launch_forward(const ForwardArgs& a) {
+  using A = acc_t<T>;
+  const ForwardParams<T, W> p{a.input.const_data_ptr<T>(),
+                              data_or_null<W>(a.weight),
+                              data_or_null<W>(a.bias),
+                              a.output.mutable_data_ptr<W>(),
+                              a.rms ? nullptr : a.mean.mutable_data_ptr<A>(),
+                              a.invvar.mutable_data_ptr<A>(),
+                              a.rows,
+                              static_cast<int>(a.cols),
+                              static_cast<A>(a.eps)};
+  constexpr int V = vec_width<T>();
+  const bool vectorizable = !std::is_same_v<T, double> && a.cols % V == 0 && is_aligned(p.x, kVecBytes) &&
+                            is_aligned(p.y, alignof(Vec<W, V>)) && is_aligned(p.gamma, alignof(Vec<W, V>)) &&
+                            is_aligned(p.beta, alignof(Vec<W, V>));
+  const std::optional<RowLayout> layout =
+      vectorizable ? register_layout(a.cols / V, kMaxRegisterRowThreads) : std::nullopt;
+  const RowLayout shape = layout.value_or(streaming_layout(a.cols));
+  const dim3 block(shape.threads_per_row, shape.rows_per_block);
+  const int64_t blocks = (a.rows + shape.rows_per_block - 1) / shape.rows_per_block;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  dispatch_bool(a.rms, [&](auto rms) {
+    if (layout) {
+      if constexpr (!std::is_same_v<T, double>) {
+        dispatch_items(shape.items, [&](auto items) {
+          forward_in_registers<T, W, decltype(items)::value, decltype(rms)::value><<<blocks, block, 0, stream>>>(p);
+        });
+      }
+    } else {
+      forward_streaming<T, W, decltype(rms)::value><<<blocks, block, 0, stream>>>(p);
+    }
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void forward_cuda(const ForwardArgs& a) {
+  on_device(a.input, a.cols, a.input.scalar_type(), a.output.scalar_type(), "fused_layer_norm forward (CUDA)",
+            [&](auto t, auto w) { launch_forward<decltype(t), decltype(w)>(a); });
+}
+
+}  // namespace apex::layer_norm::cuda

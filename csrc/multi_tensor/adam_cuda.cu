@@ -1,0 +1,11 @@
+// CUDA kernels of Adam/AdamW (plain, capturable, capturable with master weights) and Adagrad.
+#include <torch/library.h>
+
+#include "adagrad.h"
+#include "adam.h"
+#include "apex/multi_tensor_apply.cuh"
+
+TORCH_LIBRARY_IMPL(apex, CUDA, m) {
+  apex::multi_tensor::register_adam_kernels<apex::multi_tensor::CudaEngine>(m);
+  apex::multi_tensor::register_adagrad_kernels<apex::multi_tensor::CudaEngine>(m);
+}

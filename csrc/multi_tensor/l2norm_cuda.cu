@@ -1,0 +1,9 @@
+// CUDA kernels of the L2-norm family.
+#include <torch/library.h>
+
+#include "apex/multi_tensor_apply.cuh"
+#include "l2norm.h"
+
+TORCH_LIBRARY_IMPL(apex, CUDA, m) {
+  apex::multi_tensor::register_l2norm_kernels<apex::multi_tensor::CudaEngine>(m);
+}

@@ -1,0 +1,11 @@
+// CPU kernels of amp's multi-tensor ops: scale, axpby, and the loss-scale update.
+#include <torch/library.h>
+
+#include "apex/multi_tensor_apply_cpu.h"
+#include "scale.h"
+#include "update_scale_hysteresis.h"
+
+TORCH_LIBRARY_IMPL(apex, CPU, m) {
+  apex::multi_tensor::register_scale_kernels<apex::multi_tensor::CpuEngine>(m);
+  apex::multi_tensor::register_update_scale_kernels<apex::multi_tensor::CpuEngine>(m);
+}

@@ -1,0 +1,286 @@
+// syncbn CUDA reductions: per-channel Welford statistics (forward) and the
+// per-channel gradient sums (backward), for NCHW and channels-last inputs, plus
+// the merge of per-rank statistics (welford_parallel).
+//
+// Every reduction is two launches: blocks reduce disjoint slices of the batch
+// into partial states (16-byte loads, thread-local folding, a block merge), then
+// one block per channel merges the slices in a fixed order. No atomics, so the
+// result is the same on every run.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+
+#include "cuda_utils.cuh"
+#include "welford.h"
+
+namespace apex_syncbn {
+namespace {
+
+constexpr int kThreads = 256;
+// Channels-last blocks: kColumns threads across channels, kRows across rows.
+constexpr int kColumns = 32;
+constexpr int kRows = kThreads / kColumns;
+
+template <typename scalar_t, typename acc_t>
+struct WelfordFold {
+  using State = WelfordState<acc_t>;
+  const scalar_t* x;
+
+  // VEC consecutive elements of one channel: their own mean and m2, then one merge
+  // (one division per VEC elements instead of one per element). Deviations from the
+  // first element are exact for nearby values, so the chunk's statistics stay accurate
+  // even when |mean| >> std.
+  template <int VEC>
+  __device__ void fold_same_channel(State& state, int64_t offset, int64_t) const {
+    const auto pack = load_pack<VEC>(x, offset);
+    const acc_t pivot = acc_t(pack.value[0]);
+    acc_t sum = 0;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) sum += acc_t(pack.value[v]) - pivot;
+    const acc_t shifted_mean = sum / acc_t(VEC);
+    acc_t m2 = 0;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const acc_t d = acc_t(pack.value[v]) - pivot - shifted_mean;
+      m2 += d * d;
+    }
+    state.merge({pivot + shifted_mean, m2, VEC});
+  }
+
+  // One element of each of VEC consecutive channels; all share the row count.
+  template <int VEC>
+  __device__ void fold_row(State* states, int64_t offset, int64_t, int64_t rows_seen) const {
+    const auto pack = load_pack<VEC>(x, offset);
+    const acc_t inv_count = acc_t(1) / acc_t(rows_seen + 1);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) states[v].push(acc_t(pack.value[v]), inv_count);
+  }
+
+  __device__ static void set_row_count(State& state, int64_t rows) { state.count = rows; }
+};
+
+template <typename scalar_t, typename acc_t>
+struct GradFold {
+  using State = GradSums<acc_t>;
+  const scalar_t* x;
+  const scalar_t* dy;
+  const acc_t* mean;
+
+  template <int VEC>
+  __device__ void fold_same_channel(State& state, int64_t offset, int64_t channel) const {
+    const auto xs = load_pack<VEC>(x, offset);
+    const auto dys = load_pack<VEC>(dy, offset);
+    const acc_t mu = mean[channel];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      state.sum_dy += acc_t(dys.value[v]);
+      state.sum_dy_xmu += acc_t(dys.value[v]) * (acc_t(xs.value[v]) - mu);
+    }
+  }
+
+  template <int VEC>
+  __device__ void fold_row(State* states, int64_t offset, int64_t first_channel, int64_t) const {
+    const auto xs = load_pack<VEC>(x, offset);
+    const auto dys = load_pack<VEC>(dy, offset);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      states[v].sum_dy += acc_t(dys.value[v]);
+      states[v].sum_dy_xmu += acc_t(dys.value[v]) * (acc_t(xs.value[v]) - mean[first_channel + v]);
+    }
+  }
+
+  __device__ static void set_row_count(State&, int64_t) {}
+};
+
+// NCHW: block (blockIdx.x = slice of the batch, blockIdx.y = channel). Threads form
+// [rows][columns]: columns walk a plane's contiguous elements, rows walk the batch.
+template <int VEC, typename Fold>
+__global__ void __launch_bounds__(kThreads)
+    reduce_nchw_kernel(Fold fold, Layout layout, int columns, typename Fold::State* partials) {
+  using State = typename Fold::State;
+  __shared__ State shared[kThreads];
+  const int column = threadIdx.x % columns, row = threadIdx.x / columns, rows = kThreads / columns;
+  for (int64_t channel = blockIdx.y; channel < layout.channels; channel += gridDim.y) {
+    State state = State::empty();
+    for (int64_t o = int64_t(blockIdx.x) * rows + row; o < layout.outer; o += int64_t(gridDim.x) * rows) {
+      const int64_t plane = (o * layout.channels + channel) * layout.inner;
+      for (int64_t i = int64_t(column) * VEC; i < layout.inner; i += int64_t(columns) * VEC) {
+        fold.template fold_same_channel<VEC>(state, plane + i, channel);
+      }
+    }
+    state = merge_columns(state, shared, threadIdx.x, 0, kThreads, 1);
+    if (threadIdx.x == 0) partials[blockIdx.x * layout.channels + channel] = state;
+    __syncthreads();  // `shared` is reused by the next channel
+  }
+}
+
+// Channels-last: block (blockIdx.x = group of kColumns * VEC channels, blockIdx.y =
+// slice of the rows); each thread folds VEC channels of every kRows-th row.
+template <int VEC, typename Fold>
+__global__ void __launch_bounds__(kThreads)
+    reduce_c_last_kernel(Fold fold, Layout layout, typename Fold::State* partials) {
+  using State = typename Fold::State;
+  __shared__ State shared[kThreads];
+  const int column = threadIdx.x, row = threadIdx.y;
+  const int64_t first_channel = (int64_t(blockIdx.x) * kColumns + column) * VEC;
+  const bool active = first_channel < layout.channels;
+  State states[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) states[v] = State::empty();
+  int64_t rows_seen = 0;
+  if (active) {
+    for (int64_t r = int64_t(blockIdx.y) * kRows + row; r < layout.outer; r += int64_t(gridDim.y) * kRows) {
+      fold.template fold_row<VEC>(states, r * layout.channels + first_channel, first_channel, rows_seen++);
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    Fold::set_row_count(states[v], rows_seen);
+    const State merged = merge_columns(states[v], shared, row, column, kRows, kColumns);
+    if (row == 0 && active) partials[blockIdx.y * layout.channels + first_channel + v] = merged;
+  }
+}
+
+// One block per channel merges the slices' partial states in slice order.
+template <typename State, typename Finish>
+__global__ void __launch_bounds__(kThreads)
+    finish_kernel(const State* partials, int64_t slices, int64_t channels, Finish finish) {
+  __shared__ State shared[kThreads];
+  for (int64_t channel = blockIdx.x; channel < channels; channel += gridDim.x) {
+    State state = State::empty();
+    for (int64_t s = threadIdx.x; s < slices; s += kThreads) state.merge(partials[s * channels + channel]);
+    state = merge_columns(state, shared, threadIdx.x, 0, kThreads, 1);
+    if (threadIdx.x == 0) finish(channel, state);
+    __syncthreads();
+  }
+}
+
+template <typename acc_t>
+struct WriteMeanVar {
+  acc_t* mean;
+  acc_t* var_biased;
+  __device__ void operator()(int64_t c, const WelfordState<acc_t>& s) const {
+    mean[c] = s.mean;
+    var_biased[c] = s.biased_var();
+  }
+};
+
+template <typename acc_t>
+struct WriteGradSums {
+  acc_t* sum_dy;
+  acc_t* sum_dy_xmu;
+  __device__ void operator()(int64_t c, const GradSums<acc_t>& s) const {
+    sum_dy[c] = s.sum_dy;
+    sum_dy_xmu[c] = s.sum_dy_xmu;
+  }
+};
+
+constexpr int64_t kMaxGridY = 65535;
+
+int next_power_of_two(int64_t n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// Reduces every channel of `input` with `fold`, then hands each channel's state to `finish`.
+template <typename scalar_t, typename Fold, typename Finish>
+void reduce_channels(const Fold& fold, const Tensor& input, bool vector_aligned, Layout layout,
+                     const Finish& finish) {
+  using State = typename Fold::State;
+  constexpr int VEC = vector_width<scalar_t>();
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const int64_t C = layout.channels;
+  int64_t slices;
+  Tensor partials;
+  auto allocate = [&](int64_t count) {
+    partials = at::empty({count * C * int64_t(sizeof(State))}, input.options().dtype(at::kByte));
+    return reinterpret_cast<State*>(partials.mutable_data_ptr());
+  };
+  if (!layout.channels_last()) {
+    const bool vectorized = vector_aligned && layout.inner % VEC == 0;
+    const int width = vectorized ? VEC : 1;
+    const int columns = std::min(kThreads, next_power_of_two(ceil_div(layout.inner, width)));
+    const int rows = kThreads / columns;
+    slices = std::clamp<int64_t>(ceil_div(target_blocks(), C), 1, ceil_div(layout.outer, rows));
+    const dim3 grid(slices, std::min(C, kMaxGridY));
+    State* out = allocate(slices);
+    if (vectorized) {
+      reduce_nchw_kernel<VEC><<<grid, kThreads, 0, stream>>>(fold, layout, columns, out);
+    } else {
+      reduce_nchw_kernel<1><<<grid, kThreads, 0, stream>>>(fold, layout, columns, out);
+    }
+  } else {
+    const bool vectorized = vector_aligned && C % VEC == 0;
+    const int64_t channel_groups = ceil_div(C, int64_t(kColumns) * (vectorized ? VEC : 1));
+    slices = std::clamp<int64_t>(ceil_div(target_blocks(), channel_groups), 1,
+                                 std::min(kMaxGridY, ceil_div(layout.outer, kRows)));
+    const dim3 grid(channel_groups, slices), block(kColumns, kRows);
+    State* out = allocate(slices);
+    if (vectorized) {
+      reduce_c_last_kernel<VEC><<<grid, block, 0, stream>>>(fold, layout, out);
+    } else {
+      reduce_c_last_kernel<1><<<grid, block, 0, stream>>>(fold, layout, out);
+    }
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  finish_kernel<<<std::min(C, kMaxGridY), kThreads, 0, stream>>>(
+      reinterpret_cast<const State*>(partials.const_data_ptr()), slices, C, finish);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename acc_t>
+__global__ void welford_parallel_kernel(const acc_t* mean, const acc_t* var_biased, const int64_t* count,
+                                        int64_t world, int64_t channels, acc_t eps, acc_t* out_mean,
+                                        acc_t* out_var, acc_t* inv_std) {
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < channels; c += int64_t(gridDim.x) * blockDim.x) {
+    auto state = WelfordState<acc_t>::empty();
+    for (int64_t r = 0; r < world; ++r) {
+      const int64_t i = r * channels + c;
+      state.merge({mean[i], var_biased[i] * acc_t(count[r]), count[r]});
+    }
+    out_mean[c] = state.mean;
+    out_var[c] = state.m2 / acc_t(state.count - 1);
+    inv_std[c] = acc_t(1) / sqrt(state.biased_var() + eps);
+  }
+}
+
+}  // namespace
+
+void CudaKernels::welford_mean_var(const Tensor& input, Layout layout, Tensor& mean, Tensor& var_biased) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_welford_mean_var_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    reduce_channels<scalar_t>(WelfordFold<scalar_t, acc_t>{input.const_data_ptr<scalar_t>()}, input,
+                              is_vector_aligned(input), layout,
+                              WriteMeanVar<acc_t>{mean.mutable_data_ptr<acc_t>(), var_biased.mutable_data_ptr<acc_t>()});
+  });
+}
+
+void CudaKernels::reduce_bn(const Tensor& grad_output, const Tensor& input, const Tensor& mean, Layout layout,
+                            Tensor& sum_dy, Tensor& sum_dy_xmu) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_reduce_bn_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const GradFold<scalar_t, acc_t> fold{input.const_data_ptr<scalar_t>(), grad_output.const_data_ptr<scalar_t>(),
+                                         mean.const_data_ptr<acc_t>()};
+    reduce_channels<scalar_t>(fold, input, is_vector_aligned(input) && is_vector_aligned(grad_output), layout,
+                              WriteGradSums<acc_t>{sum_dy.mutable_data_ptr<acc_t>(), sum_dy_xmu.mutable_data_ptr<acc_t>()});
+  });
+}
+
+void CudaKernels::welford_parallel(const Tensor& mean, const Tensor& var_biased, const Tensor& count, double eps,
+                                   Tensor& out_mean, Tensor& out_var, Tensor& inv_std) {
+  const c10::cuda::CUDAGuard guard(mean.device());
+  const int64_t channels = mean.size(1);
+  constexpr int threads = 128;
+  const int64_t blocks = std::min<int64_t>(ceil_div(channels, threads), target_blocks());
+  AT_DISPATCH_FLOATING_TYPES(mean.scalar_type(), "syncbn_welford_parallel_cuda", [&] {
+    welford_parallel_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        mean.const_data_ptr<scalar_t>(), var_biased.const_data_ptr<scalar_t>(), count.const_data_ptr<int64_t>(),
+        mean.size(0), channels, scalar_t(eps), out_mean.mutable_data_ptr<scalar_t>(),
+        out_var.mutable_data_ptr<scalar_t>(), inv_std.mutable_data_ptr<scalar_t>());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace apex_syncbn

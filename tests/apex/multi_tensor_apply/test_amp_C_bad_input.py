@@ -1,0 +1,70 @@
+"""amp_C rejects bad input with a clear exception before launching anything."""
+import pytest
+import torch
+
+CHUNK = 2048 * 32
+
+
+def lists(n=3, device="cpu", dtype=torch.float32):
+    return [torch.ones(10, device=device, dtype=dtype) for _ in range(n)]
+
+
+def test_mismatched_list_lengths(amp_C, flag, device):
+    with pytest.raises(RuntimeError, match="tensor list 1 has 2 tensors but list 0 has 3"):
+        amp_C.multi_tensor_scale(CHUNK, flag, [lists(3, device), lists(2, device)], 1.0)
+
+
+def test_wrong_flag_dtype(amp_C, device):
+    bad_flag = torch.zeros(1, dtype=torch.float32, device=device)
+    with pytest.raises(RuntimeError, match="flag must be an int32 tensor"):
+        amp_C.multi_tensor_scale(CHUNK, bad_flag, [lists(device=device), lists(device=device)], 1.0)
+
+
+def test_empty_lists(amp_C, flag):
+    with pytest.raises(RuntimeError, match="tensor lists are empty"):
+        amp_C.multi_tensor_scale(CHUNK, flag, [[], []], 1.0)
+    with pytest.raises(RuntimeError, match="tensor lists are empty"):
+        amp_C.multi_tensor_l2norm(CHUNK, flag, [[]])
+
+
+def test_wrong_number_of_lists(amp_C, flag):
+    with pytest.raises(RuntimeError, match="expected 4 tensor lists, got 3"):
+        amp_C.multi_tensor_adam(CHUNK, flag, [lists(), lists(), lists()], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+
+
+def test_mismatched_sizes_and_layout(amp_C, flag):
+    with pytest.raises(RuntimeError, match="has 11 elements but list 0 has 10"):
+        amp_C.multi_tensor_scale(CHUNK, flag, [lists(1), [torch.ones(11)]], 1.0)
+    x = torch.ones(10, 10)
+    with pytest.raises(RuntimeError, match="not dense"):
+        amp_C.multi_tensor_scale(CHUNK, flag, [[x[:, :5]], [torch.ones(10, 5)]], 1.0)
+
+
+def test_bad_dtypes(amp_C, flag):
+    with pytest.raises(RuntimeError, match="unsupported dtype"):
+        amp_C.multi_tensor_scale(CHUNK, flag, [lists(dtype=torch.int64), lists()], 1.0)
+    with pytest.raises(RuntimeError, match="must share one dtype"):
+        amp_C.multi_tensor_scale(CHUNK, flag, [[torch.ones(3), torch.ones(3, dtype=torch.half)], lists(2)], 1.0)
+    half = lists(4, dtype=torch.half)
+    with pytest.raises(RuntimeError, match="optimizer states must be float32 or the params' dtype"):
+        amp_C.multi_tensor_adam(CHUNK, flag, [half, half, lists(4, dtype=torch.float64), lists(4, dtype=torch.float64)],
+                                1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+
+
+def test_bad_scalars(amp_C, flag):
+    with pytest.raises(RuntimeError, match="chunk_size must be positive"):
+        amp_C.multi_tensor_scale(0, flag, [lists(), lists()], 1.0)
+    with pytest.raises(RuntimeError, match="mode must be 0"):
+        amp_C.multi_tensor_adam(CHUNK, flag, [lists(), lists(), lists(), lists()], 1e-3, 0.9, 0.999, 1e-8, 1, 7, 1, 0.0)
+    with pytest.raises(RuntimeError, match="arg_to_check must be -1, 0 or 1"):
+        amp_C.multi_tensor_axpby(CHUNK, flag, [lists(), lists(), lists()], 1.0, 1.0, 5)
+
+
+@pytest.mark.gpu
+def test_mixed_devices(amp_C):
+    cuda_flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="must share one device"):
+        amp_C.multi_tensor_scale(CHUNK, cuda_flag, [lists(device="cuda"), lists(device="cpu")], 1.0)
+    with pytest.raises(RuntimeError, match="must share one device"):
+        amp_C.multi_tensor_scale(CHUNK, torch.zeros(1, dtype=torch.int32), [lists(device="cuda"),
+                                                                            lists(device="cuda")], 1.0)
