@@ -53,6 +53,9 @@ def device_time_ms(fn) -> float:
 
 def implementations(kind: str, hidden: int, dtype: torch.dtype):
     """(name -> callable x -> y, shared parameters): every implementation uses the same weight/bias."""
+    # A fresh dynamo cache per case: every case re-defines `eager` (one code object), which would
+    # otherwise exhaust dynamo's recompile limit and silently fall back to eager mode.
+    torch._dynamo.reset()
     fused = (FusedLayerNorm if kind == "layer" else FusedRMSNorm)(hidden, eps=EPS).to("cuda", dtype)
     with torch.no_grad():
         for p in fused.parameters():

@@ -102,7 +102,7 @@ def test_l2norm_flags_inf_and_overflow(amp_C, device, flag):
 def test_l2norm_mp_skips_when_flag_set(amp_C, device, flag):
     xs = randn(SIZES, torch.float32, device)
     total, per_tensor = amp_C.multi_tensor_l2norm_mp(CHUNK, flag, [xs], True)
-    torch.testing.assert_close(total.double().cpu(), torch.stack([x.double().norm() for x in xs]).norm().reshape(1),
+    torch.testing.assert_close(total.double().cpu(), torch.stack([x.double().norm() for x in xs]).norm().reshape(1).cpu(),
                                rtol=1e-5, atol=1e-6)
     flag.fill_(1)
     total, per_tensor = amp_C.multi_tensor_l2norm_mp(CHUNK, flag, [xs], True)
