@@ -76,7 +76,16 @@ class OpBuilder:
         return [self.source_root / name for name in names]
 
     def include_dirs(self) -> list[Path]:
+        """The project's header dirs (hashed into the cache key)."""
         return [self.source_root / "include"]
+
+    def compile_include_dirs(self, with_gpu: bool) -> list[str]:
+        """Every header dir a build passes to the compiler: the project's, plus (GPU builds) the
+        CUDA library headers that may live only in torch's pip wheels. The latter are not hashed:
+        the torch/CUDA versions in the key already pin them."""
+        from op_builder import toolchain
+
+        return [str(d.resolve()) for d in self.include_dirs()] + (toolchain.cuda_library_header_dirs() if with_gpu else [])
 
     def cxx_flags(self) -> list[str]:
         return _CXX_FLAGS + self.EXTRA_CXX_FLAGS

@@ -112,7 +112,7 @@ def compile_module(builder: OpBuilder, fingerprint: dict, build_dir: Path, faile
     spec = {
         "name": builder.NAME,
         "sources": [str(s) for s in builder.sources(with_gpu)],
-        "include_dirs": [str(d) for d in builder.include_dirs()] + (toolchain.cuda_library_header_dirs() if with_gpu else []),
+        "include_dirs": builder.compile_include_dirs(with_gpu),
         "cxx_flags": builder.cxx_flags(),
         "nvcc_flags": builder.nvcc_flags() if with_gpu else [],
         "build_dir": str(build_dir),

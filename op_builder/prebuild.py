@@ -54,8 +54,7 @@ def extensions(source_root: Path) -> tuple[list, dict]:
         ext_modules.append(make(
             name=f"{PREBUILT_PACKAGE}.{cls.NAME}",
             sources=[str(s) for s in builder.sources(with_gpu)],
-            include_dirs=[str(d.resolve()) for d in builder.include_dirs()]
-            + (toolchain.cuda_library_header_dirs() if with_gpu else []),
+            include_dirs=builder.compile_include_dirs(with_gpu),
             extra_compile_args={"cxx": builder.cxx_flags(), "nvcc": builder.nvcc_flags() if with_gpu else []},
         ))
         fingerprints[cls.NAME] = builder.fingerprint(with_gpu)
