@@ -9,26 +9,20 @@
 #include <torch/library.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "apex/check.h"
+
 namespace {
 
-// Messages are assembled as std::string (std::to_string, c10::toString) rather than by
-// streaming integers through TORCH_CHECK's ostream: on the GPU image (torch 2.11, its own
-// gcc) an ostream<<long instantiated in an extension segfaulted while formatting.
-std::string index_str(size_t i) { return std::to_string(i); }
-
 void check_same_dense_kind(at::TensorList tensors, const char* op) {
-  TORCH_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
+  APEX_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
   const at::Tensor& first = tensors.front();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.layout() == at::kStrided, std::string(op) + ": tensor " + index_str(i) + " is not dense");
-    TORCH_CHECK(t.scalar_type() == first.scalar_type(),
-                std::string(op) + ": all tensors must share one dtype, but tensor 0 is " +
-                    c10::toString(first.scalar_type()) + " and tensor " + index_str(i) + " is " +
-                    c10::toString(t.scalar_type()));
-    TORCH_CHECK(t.device() == first.device(),
-                std::string(op) + ": all tensors must be on one device, but tensor 0 is on " + first.device().str() +
-                    " and tensor " + index_str(i) + " is on " + t.device().str());
+    APEX_CHECK(t.layout() == at::kStrided, op, ": tensor ", i, " is not dense");
+    APEX_CHECK(t.scalar_type() == first.scalar_type(), op, ": all tensors must share one dtype, but tensor 0 is ",
+               first.scalar_type(), " and tensor ", i, " is ", t.scalar_type());
+    APEX_CHECK(t.device() == first.device(), op, ": all tensors must be on one device, but tensor 0 is on ",
+               first.device(), " and tensor ", i, " is on ", t.device());
   }
 }
 
@@ -42,11 +36,11 @@ at::Tensor flatten(at::TensorList tensors) {
 
 std::vector<at::Tensor> unflatten(const at::Tensor& flat, at::TensorList like) {
   check_same_dense_kind(like, "apex_C.unflatten");
-  TORCH_CHECK(flat.dim() == 1, "apex_C.unflatten: flat must be 1-D, got " + std::to_string(flat.dim()) + " dims");
+  APEX_CHECK(flat.dim() == 1, "apex_C.unflatten: flat must be 1-D, got ", flat.dim(), " dims");
   int64_t total = 0;
   for (const auto& t : like) total += t.numel();
-  TORCH_CHECK(flat.numel() == total, "apex_C.unflatten: flat has " + std::to_string(flat.numel()) +
-                                         " elements but the tensors to match hold " + std::to_string(total));
+  APEX_CHECK(flat.numel() == total, "apex_C.unflatten: flat has ", flat.numel(),
+             " elements but the tensors to match hold ", total);
   std::vector<at::Tensor> views;
   views.reserve(like.size());
   int64_t offset = 0;
