@@ -51,7 +51,7 @@ def batches(corpus, steps, device, context, batch, seed=1):
 
 
 class ProgressBar:
-    """Plain-text progress: redrawn in place on a terminal, a line every 10% otherwise."""
+    """Plain-text progress: redrawn in place on a terminal (every 1%), a line every 10% otherwise."""
 
     def __init__(self, label, total, width=30):
         self.label, self.total, self.width = label, total, width
@@ -59,8 +59,11 @@ class ProgressBar:
         self.start = time.perf_counter()
 
     def update(self, done, loss):
-        if not self.interactive and done % max(1, self.total // 10) and done != self.total:
+        """`loss` is a tensor: read (a device sync) only when a line is drawn."""
+        redraws = 100 if self.interactive else 10  # few redraws: each one waits for the device
+        if done % max(1, self.total // redraws) and done != self.total:
             return
+        loss = loss.item()
         filled = self.width * done // self.total
         rate = done / (time.perf_counter() - self.start)
         line = (f"{self.label:>6} [{'#' * filled}{'.' * (self.width - filled)}] "
@@ -116,7 +119,7 @@ def run(flavor, args):
         with scaled(loss, optimizer) as scaled_loss:
             scaled_loss.backward()
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(loss.detach())  # no .item() per step: a host sync would stall the GPU queue
         if not cuda:
             peak = max(peak, resident_memory_bytes())
         bar.update(step, losses[-1])
@@ -125,7 +128,7 @@ def run(flavor, args):
     seconds = time.perf_counter() - timed_from
     peak_bytes = torch.cuda.max_memory_allocated() if cuda else peak - memory_before
     return {"steps_per_s": (args.steps - WARMUP_STEPS) / seconds, "peak_mib": peak_bytes / 2**20,
-            "final_loss": sum(losses[-LOSS_WINDOW:]) / len(losses[-LOSS_WINDOW:])}
+            "final_loss": torch.stack(losses[-LOSS_WINDOW:]).mean().item()}
 
 
 def run_in_fresh_process(flavor, args):
