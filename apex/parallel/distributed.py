@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 
 from apex.parallel import _process_group
 
@@ -141,8 +142,13 @@ class DistributedDataParallel(torch.nn.Module):
         gradient_average_split_factor: old name of gradient_predivide_factor.
         prof: label bucket reductions for the profiler (torch.profiler / NVTX).
 
-    Gradients of parameters that received none on a rank are reduced as zeros. Call
-    :meth:`disable_allreduce` for backward passes that only accumulate gradients.
+    Gradients of parameters that received none on a rank are reduced as zeros (and
+    parameters that no rank has used stay ``None``). Every backward pass through the
+    module's outputs ends with the reductions on every rank, also on a rank where no
+    parameter got a gradient, so ranks taking different branches never wait on each
+    other forever. Call :meth:`disable_allreduce` for backward passes that must not
+    reduce: gradient accumulation, or ``torch.autograd.grad`` through the model (e.g. a
+    gradient penalty), which would otherwise reduce (and zero-fill) ``param.grad``.
     """
 
     def __init__(self, module: torch.nn.Module, message_size: int = 10_000_000, delay_allreduce: bool = False,
@@ -207,7 +213,10 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if self._trainable_key() != self._param_key:  # requires_grad changed: new hooks and buckets
             self._watch_parameters()
-        return self.module(*inputs, **kwargs)
+        output = self.module(*inputs, **kwargs)
+        if torch.is_grad_enabled():
+            self._watch_outputs(output)
+        return output
 
     # ---- hooks --------------------------------------------------------------------------
     def _trainable_key(self) -> tuple[int, ...]:
@@ -222,6 +231,27 @@ class DistributedDataParallel(torch.nn.Module):
                        for i, p in enumerate(self._params)]
         self._plan: list[list[int]] | None = None
         self._reset_iteration()
+
+    def _watch_outputs(self, output) -> None:
+        """Backward through any output tensor starts this rank's end-of-backward reductions.
+
+        Parameter hooks alone miss a backward in which none of this rank's parameters gets
+        a gradient (a branch that skips them); the other ranks would then wait forever in
+        all-reduces this rank never joins. Leaves are skipped: they are parameters (whose
+        own hooks fire) or inputs, and hooking them would pile up hooks across iterations.
+        """
+        for t in pytree.tree_leaves(output):
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                t.register_hook(self._output_gradient_ready)
+
+    def _output_gradient_ready(self, grad: torch.Tensor) -> None:
+        self._begin_backward()
+
+    def _begin_backward(self) -> None:
+        """Queue the end-of-backward reductions, once per backward pass."""
+        if self._allreduce_enabled and not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
 
     def _set_plan(self, plan: list[list[int]]) -> None:
         self._plan = plan
@@ -238,9 +268,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _gradient_ready(self, index: int, param: torch.Tensor) -> None:
         if not self._allreduce_enabled:
             return
-        if not self._in_backward:
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        self._begin_backward()
         if index in self._seen:
             raise RuntimeError("apex.parallel.DistributedDataParallel: a parameter received its gradient twice in one "
                                "backward pass (e.g. reentrant checkpointing); use delay_allreduce=True")
@@ -257,7 +285,10 @@ class DistributedDataParallel(torch.nn.Module):
     def _finish_backward(self) -> None:
         try:
             if self._plan is None:
-                self._set_plan(self._agree_on_plan())
+                plan = self._agree_on_plan()
+                if plan is None:  # no rank saw a gradient: nothing to reduce, nothing learned
+                    return
+                self._set_plan(plan)
             for b in range(self._next_bucket, len(self._plan)):
                 self._launch(b)
             self._complete_reductions()
@@ -265,9 +296,11 @@ class DistributedDataParallel(torch.nn.Module):
             self._reset_iteration()
 
     # ---- buckets ------------------------------------------------------------------------
-    def _agree_on_plan(self) -> list[list[int]]:
+    def _agree_on_plan(self) -> list[list[int]] | None:
         """Buckets every rank agrees on: the parameters that got a gradient on any rank,
-        in rank 0's arrival order (then by index for those rank 0 did not see)."""
+        in rank 0's arrival order (then by index for those rank 0 did not see). None (on
+        every rank alike) when no rank's parameters got a gradient, so that such a backward
+        does not fix an empty plan."""
         n = len(self._params)
         order = torch.full((n,), n, dtype=torch.long, device=self.device)  # n: no gradient on this rank
         order[self._arrived] = torch.arange(len(self._arrived), device=self.device)
@@ -275,6 +308,8 @@ class DistributedDataParallel(torch.nn.Module):
         dist.all_reduce(used, op=dist.ReduceOp.MAX)
         dist.broadcast(order, src=0)
         used_list, order_list = used.tolist(), order.tolist()
+        if n and not any(used_list):
+            return None
         ranked = sorted((i for i in range(n) if used_list[i]), key=lambda i: (order_list[i], i))
         return _plan_buckets(ranked, self._params, self.message_size, self._triggers)
 

@@ -97,8 +97,8 @@ class SyncBatchNorm(_BatchNorm):
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked.add_(1)
-            if self.momentum is None:
-                momentum = 1.0 / float(self.num_batches_tracked)
+            if self.momentum is None:  # kept on the device: float() would wait for the GPU
+                momentum = self.num_batches_tracked.reciprocal()
         use_batch_stats = self.training or not self.track_running_stats
         world_size = self._world_size() if use_batch_stats else 1
         # Updated in training; the normalization statistics in eval.
@@ -107,5 +107,6 @@ class SyncBatchNorm(_BatchNorm):
 
         out = SyncBatchnormFunction.apply(
             input.contiguous(), z.contiguous() if z is not None else None, self.weight, self.bias,
-            running_mean, running_var, self.eps, use_batch_stats, momentum, self.process_group, world_size, channels_innermost, self.fuse_relu)
+            running_mean, running_var, self.eps, use_batch_stats, momentum, self.process_group, world_size,
+            channels_innermost, self.fuse_relu)
         return restore(out) if restore else out

@@ -2,12 +2,18 @@
 // relu's backward mask and the input gradient; and the CUDA registration of
 // every syncbn op.
 //
-// The tensor is walked as a 2-D array [lines][line_length] with 16-byte loads
-// along lines: NCHW lines are planes (one channel each), channels-last lines are
-// rows (channel = position in the row). Neither needs a division per element.
+// An op is written once, per channel: `channel(c)` gathers what channel c needs
+// (statistics, affine parameters, gradient sums) into registers, and
+// `op(channel, operands)` maps one element. Two kernels walk the layouts with
+// 16-byte vectors and never divide per element:
+//   NCHW: planes (one channel each) are lines; threads of a block split a line.
+//   Channels-last: each thread owns VEC consecutive channels for all its rows, so
+//     it gathers their constants once and a warp reads contiguous runs of a row.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
+
+#include <array>
 
 #include "cuda_utils.cuh"
 
@@ -15,30 +21,39 @@ namespace apex_syncbn {
 namespace {
 
 constexpr int kThreads = 256;
-// Caps the grid; threads loop over the remaining lines.
+// Caps the NCHW grid; threads loop over the remaining lines.
 constexpr int kBlocksPerSMCap = 16;
 
 template <typename acc_t>
 struct ChannelAffine {
+  acc_t mean, scale, shift;
+  __device__ acc_t operator()(acc_t x) const { return (x - mean) * scale + shift; }
+};
+
+template <typename acc_t>
+struct AffineParams {
   const acc_t* mean;
   const acc_t* inv_std;
   const acc_t* weight;  // may be null: 1
   const acc_t* shift;   // may be null: 0
 
-  __device__ acc_t operator()(acc_t x, int64_t c) const {
-    const acc_t scale = weight ? inv_std[c] * weight[c] : inv_std[c];
-    return (x - mean[c]) * scale + (shift ? shift[c] : acc_t(0));
+  __device__ ChannelAffine<acc_t> channel(int64_t c) const {
+    return {mean[c], weight ? inv_std[c] * weight[c] : inv_std[c], shift ? shift[c] : acc_t(0)};
   }
 };
 
 // Operands: (x, z). z is 0 when absent.
 template <typename acc_t>
 struct NormalizeOp {
-  ChannelAffine<acc_t> affine;
+  static constexpr int kOperands = 2;
+  using Channel = ChannelAffine<acc_t>;
+  AffineParams<acc_t> affine;
   bool fuse_relu;
+
   __device__ void prepare() {}
-  __device__ acc_t operator()(acc_t x, acc_t z, acc_t, int64_t c) const {
-    const acc_t y = affine(x, c) + z;
+  __device__ Channel channel(int64_t c) const { return affine.channel(c); }
+  __device__ acc_t operator()(const Channel& k, const acc_t (&in)[kOperands]) const {
+    const acc_t y = k(in[0]) + in[1];
     return fuse_relu && y < acc_t(0) ? acc_t(0) : y;
   }
 };
@@ -46,16 +61,24 @@ struct NormalizeOp {
 // Operands: (dy, x, z). Recomputes the pre-relu output instead of storing it.
 template <typename acc_t>
 struct ReluMaskOp {
-  ChannelAffine<acc_t> affine;
+  static constexpr int kOperands = 3;
+  using Channel = ChannelAffine<acc_t>;
+  AffineParams<acc_t> affine;
+
   __device__ void prepare() {}
-  __device__ acc_t operator()(acc_t dy, acc_t x, acc_t z, int64_t c) const {
-    return affine(x, c) + z > acc_t(0) ? dy : acc_t(0);
+  __device__ Channel channel(int64_t c) const { return affine.channel(c); }
+  __device__ acc_t operator()(const Channel& k, const acc_t (&in)[kOperands]) const {
+    return k(in[1]) + in[2] > acc_t(0) ? in[0] : acc_t(0);
   }
 };
 
 // Operands: (dy, x). dx = (dy - mean(dy) - (x - mean) * inv_std^2 * mean(dy * (x - mean))) * inv_std * weight.
 template <typename acc_t>
 struct InputGradOp {
+  static constexpr int kOperands = 2;
+  struct Channel {
+    acc_t mean, mean_dy, xmu_factor, scale;
+  };
   const acc_t* mean;
   const acc_t* inv_std;
   const acc_t* weight;  // may be null: 1
@@ -71,86 +94,167 @@ struct InputGradOp {
     for (int64_t r = 0; r < world; ++r) total += count[r];
     inv_total = acc_t(1) / acc_t(total);
   }
-  __device__ acc_t operator()(acc_t dy, acc_t x, acc_t, int64_t c) const {
+  __device__ Channel channel(int64_t c) const {
     const acc_t sigma_inv = inv_std[c];
-    const acc_t mean_dy = sum_dy[c] * inv_total;
-    const acc_t xmu_factor = sigma_inv * sigma_inv * sum_dy_xmu[c] * inv_total;
-    const acc_t scale = weight ? sigma_inv * weight[c] : sigma_inv;
-    return (dy - mean_dy - (x - mean[c]) * xmu_factor) * scale;
+    return {mean[c], sum_dy[c] * inv_total, sigma_inv * sigma_inv * sum_dy_xmu[c] * inv_total,
+            weight ? sigma_inv * weight[c] : sigma_inv};
+  }
+  __device__ acc_t operator()(const Channel& k, const acc_t (&in)[kOperands]) const {
+    return (in[0] - k.mean_dy - (in[1] - k.mean) * k.xmu_factor) * k.scale;
   }
 };
 
-template <int VEC, typename scalar_t>
-__device__ __forceinline__ Pack<scalar_t, VEC> load_or_zero(const scalar_t* base, int64_t offset) {
-  if (base) return load_pack<VEC>(base, offset);
-  Pack<scalar_t, VEC> zeros;
+// The element-wise inputs of an op; a null pointer is an absent optional operand (read as 0).
+template <typename scalar_t, int N>
+struct Operands {
+  const scalar_t* data[N];
+};
+
+template <typename scalar_t, int N, int VEC>
+struct LoadedOperands {
+  AlignedVector<scalar_t, VEC> value[N];
+};
+
+template <int VEC, typename scalar_t, int N>
+__device__ __forceinline__ LoadedOperands<scalar_t, N, VEC> load_operands(const Operands<scalar_t, N>& operands,
+                                                                          int64_t offset) {
+  LoadedOperands<scalar_t, N, VEC> loaded;
 #pragma unroll
-  for (int v = 0; v < VEC; ++v) zeros.value[v] = scalar_t(0);
-  return zeros;
+  for (int i = 0; i < N; ++i) {
+    if (operands.data[i]) {
+      loaded.value[i] = load_vector<VEC>(operands.data[i], offset);
+    } else {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) loaded.value[i].value[v] = scalar_t(0);
+    }
+  }
+  return loaded;
 }
 
-// out = op(a, b, c, channel) element-wise; b and c may be null (read as 0).
-// Threads form [rows][columns] per block: columns walk a line, rows walk lines.
+// out[offset + v] = op(channel_of(v), operands at offset + v) for the VEC elements of one vector.
+template <int VEC, typename Op, typename scalar_t, int N, typename ChannelOf>
+__device__ __forceinline__ void store_result(const Op& op, const ChannelOf& channel_of,
+                                             const LoadedOperands<scalar_t, N, VEC>& loaded, scalar_t* out,
+                                             int64_t offset) {
+  using acc_t = at::opmath_type<scalar_t>;
+  AlignedVector<scalar_t, VEC> result;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    acc_t in[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) in[i] = acc_t(loaded.value[i].value[v]);
+    result.value[v] = scalar_t(op(channel_of(v), in));
+  }
+  store_vector<VEC>(out, offset, result);
+}
+
+// Both kernels walk the tensor from its end. The reduction that runs just before each
+// of them (statistics in forward, gradient sums in backward) walks it from the start,
+// so the last part it read, up to the L2's size, is still cached when this pass begins.
+__device__ __forceinline__ int64_t from_end(int64_t step, int64_t count) { return count - 1 - step; }
+
+// NCHW: threads form [rows][columns] per block; columns walk a plane, rows walk planes.
 template <int VEC, typename scalar_t, typename Op>
 __global__ void __launch_bounds__(kThreads)
-    channel_elementwise_kernel(Op op, const scalar_t* a, const scalar_t* b, const scalar_t* c, scalar_t* out,
-                               Layout layout, int columns) {
-  using acc_t = at::opmath_type<scalar_t>;
+    nchw_elementwise_kernel(Op op, Operands<scalar_t, Op::kOperands> operands, scalar_t* out, Layout layout,
+                            int columns) {
   op.prepare();
-  const bool nchw = !layout.channels_last();
-  const int64_t lines = nchw ? layout.outer * layout.channels : layout.outer;
-  const int64_t line_length = nchw ? layout.inner : layout.channels;
+  const int64_t planes = layout.outer * layout.channels;
   const int column = threadIdx.x % columns, rows = kThreads / columns;
-  for (int64_t line = int64_t(blockIdx.y) * rows + threadIdx.x / columns; line < lines;
-       line += int64_t(gridDim.y) * rows) {
-    const int64_t line_channel = nchw ? line % layout.channels : 0;
-    for (int64_t i = (int64_t(blockIdx.x) * columns + column) * VEC; i < line_length;
+  for (int64_t step = int64_t(blockIdx.y) * rows + threadIdx.x / columns; step < planes;
+       step += int64_t(gridDim.y) * rows) {
+    const int64_t plane = from_end(step, planes);
+    const typename Op::Channel channel = op.channel(plane % layout.channels);
+    for (int64_t i = (int64_t(blockIdx.x) * columns + column) * VEC; i < layout.inner;
          i += int64_t(gridDim.x) * columns * VEC) {
-      const int64_t offset = line * line_length + i;
-      const auto pa = load_pack<VEC>(a, offset);
-      const auto pb = load_or_zero<VEC>(b, offset);
-      const auto pc = load_or_zero<VEC>(c, offset);
-      Pack<scalar_t, VEC> result;
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        const int64_t channel = nchw ? line_channel : i + v;
-        result.value[v] = scalar_t(op(acc_t(pa.value[v]), acc_t(pb.value[v]), acc_t(pc.value[v]), channel));
-      }
-      store_pack<VEC>(out, offset, result);
+      const int64_t offset = plane * layout.inner + i;
+      store_result<VEC>(op, [&](int) { return channel; }, load_operands<VEC>(operands, offset), out, offset);
     }
   }
 }
 
-int next_power_of_two(int64_t n) {
-  int p = 1;
-  while (p < n) p *= 2;
-  return p;
+// Channels-last: threads (x: columns of VEC channels, y: rows of the tensor), blocks
+// (x: groups of channels, y: slices of rows). kRowsInFlight rows are loaded before
+// any is computed.
+template <int VEC, typename scalar_t, typename Op>
+__global__ void __launch_bounds__(kThreads)
+    c_last_elementwise_kernel(Op op, Operands<scalar_t, Op::kOperands> operands, scalar_t* out, Layout layout) {
+  using Loaded = LoadedOperands<scalar_t, Op::kOperands, VEC>;
+  const int64_t first_channel = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+  if (first_channel >= layout.channels) return;  // VEC divides the channels, so all VEC channels exist
+  op.prepare();
+  typename Op::Channel channels[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) channels[v] = op.channel(first_channel + v);
+  const auto channel_of = [&](int v) { return channels[v]; };
+  const int64_t stride = int64_t(gridDim.y) * blockDim.y;
+  const auto offset_of = [&](int64_t step) { return from_end(step, layout.outer) * layout.channels + first_channel; };
+  for (int64_t step = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; step < layout.outer;
+       step += kRowsInFlight * stride) {
+    Loaded loaded[kRowsInFlight];
+#pragma unroll
+    for (int k = 0; k < kRowsInFlight; ++k) {
+      if (step + k * stride < layout.outer) loaded[k] = load_operands<VEC>(operands, offset_of(step + k * stride));
+    }
+#pragma unroll
+    for (int k = 0; k < kRowsInFlight; ++k) {
+      if (step + k * stride < layout.outer) {
+        store_result<VEC>(op, channel_of, loaded[k], out, offset_of(step + k * stride));
+      }
+    }
+  }
 }
 
+template <int VEC, typename scalar_t, typename Op>
+void launch_nchw(const Op& op, const Operands<scalar_t, Op::kOperands>& operands, scalar_t* out, Layout layout) {
+  const int columns = std::min(kThreads, next_power_of_two(ceil_div(layout.inner, VEC)));
+  const int64_t planes = layout.outer * layout.channels;
+  const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * kBlocksPerSMCap;
+  const int64_t blocks_x = std::min(ceil_div(layout.inner, int64_t(columns) * VEC), max_blocks);
+  const int64_t blocks_y = std::clamp<int64_t>(max_blocks / blocks_x, 1, ceil_div(planes, kThreads / columns));
+  const dim3 grid(blocks_x, std::min<int64_t>(blocks_y, 65535));
+  nchw_elementwise_kernel<VEC><<<grid, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(op, operands, out, layout,
+                                                                                         columns);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <int VEC, typename scalar_t, typename Op>
+void launch_c_last(const Op& op, const Operands<scalar_t, Op::kOperands>& operands, scalar_t* out, Layout layout) {
+  const auto kernel = c_last_elementwise_kernel<VEC, scalar_t, Op>;
+  const int columns = std::min(kThreads, next_power_of_two(ceil_div(layout.channels, VEC)));
+  const int rows = kThreads / columns;
+  const int64_t blocks_x = ceil_div(layout.channels, int64_t(columns) * VEC);
+  // One wave: each thread's per-channel setup is amortised over many rows.
+  const int64_t blocks_y = std::clamp<int64_t>(one_wave_blocks(kernel, kThreads) / blocks_x, 1,
+                                               std::min<int64_t>(ceil_div(layout.outer, rows), 65535));
+  kernel<<<dim3(blocks_x, blocks_y), dim3(columns, rows), 0, at::cuda::getCurrentCUDAStream()>>>(op, operands, out,
+                                                                                                 layout);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// out = op(inputs...) element-wise; undefined inputs are absent optional operands.
 template <typename scalar_t, typename Op>
-void launch_channel_elementwise(const Op& op, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out,
+void launch_channel_elementwise(const Op& op, const std::array<Tensor, Op::kOperands>& inputs, Tensor& out,
                                 Layout layout) {
   constexpr int VEC = vector_width<scalar_t>();
-  const bool nchw = !layout.channels_last();
-  const int64_t lines = nchw ? layout.outer * layout.channels : layout.outer;
-  const int64_t line_length = nchw ? layout.inner : layout.channels;
-  const bool vectorized = line_length % VEC == 0 && is_vector_aligned(a) && is_vector_aligned(b) &&
-                          is_vector_aligned(c) && is_vector_aligned(out);
-  const int width = vectorized ? VEC : 1;
-  const int columns = std::min(kThreads, next_power_of_two(ceil_div(line_length, width)));
-  const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * kBlocksPerSMCap;
-  const int64_t blocks_x = std::min(ceil_div(line_length, int64_t(columns) * width), max_blocks);
-  const int64_t blocks_y = std::clamp<int64_t>(max_blocks / blocks_x, 1, ceil_div(lines, kThreads / columns));
-  const dim3 grid(blocks_x, std::min<int64_t>(blocks_y, 65535));
-  auto ptr = [](const Tensor& t) { return t.defined() ? t.const_data_ptr<scalar_t>() : nullptr; };
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
-  if (vectorized) {
-    channel_elementwise_kernel<VEC><<<grid, kThreads, 0, stream>>>(op, ptr(a), ptr(b), ptr(c), out_ptr, layout, columns);
-  } else {
-    channel_elementwise_kernel<1><<<grid, kThreads, 0, stream>>>(op, ptr(a), ptr(b), ptr(c), out_ptr, layout, columns);
+  Operands<scalar_t, Op::kOperands> operands;
+  bool aligned = aligned_or_absent(out);
+  for (int i = 0; i < Op::kOperands; ++i) {
+    operands.data[i] = inputs[i].defined() ? inputs[i].template const_data_ptr<scalar_t>() : nullptr;
+    aligned = aligned && aligned_or_absent(inputs[i]);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+  if (layout.channels_last()) {
+    if (aligned && layout.channels % VEC == 0) {
+      launch_c_last<VEC>(op, operands, out_ptr, layout);
+    } else {
+      launch_c_last<1>(op, operands, out_ptr, layout);
+    }
+  } else if (aligned && layout.inner % VEC == 0) {
+    launch_nchw<VEC>(op, operands, out_ptr, layout);
+  } else {
+    launch_nchw<1>(op, operands, out_ptr, layout);
+  }
 }
 
 template <typename acc_t>
@@ -159,33 +263,30 @@ const acc_t* data_or_null(const Tensor& t) {
 }
 
 template <typename acc_t>
-ChannelAffine<acc_t> channel_affine(const Tensor& mean, const Tensor& inv_std, const Tensor& weight,
-                                    const Tensor& shift) {
-  return {mean.const_data_ptr<acc_t>(), inv_std.const_data_ptr<acc_t>(), data_or_null<acc_t>(weight),
-          data_or_null<acc_t>(shift)};
+AffineParams<acc_t> affine_params(const NormalizeArgs& args) {
+  return {args.mean.const_data_ptr<acc_t>(), args.inv_std.const_data_ptr<acc_t>(), data_or_null<acc_t>(args.weight),
+          data_or_null<acc_t>(args.shift)};
 }
 
 }  // namespace
 
-void CudaKernels::batchnorm_forward(const Tensor& input, const Tensor& z, const Tensor& mean, const Tensor& inv_std,
-                                    const Tensor& weight, const Tensor& shift, bool fuse_relu, Layout layout,
+void CudaKernels::batchnorm_forward(const Tensor& input, const NormalizeArgs& args, bool fuse_relu, Layout layout,
                                     Tensor& out) {
   const c10::cuda::CUDAGuard guard(input.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_batchnorm_forward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const NormalizeOp<acc_t> op{channel_affine<acc_t>(mean, inv_std, weight, shift), fuse_relu};
-    launch_channel_elementwise<scalar_t>(op, input, z, Tensor(), out, layout);
+    const NormalizeOp<acc_t> op{affine_params<acc_t>(args), fuse_relu};
+    launch_channel_elementwise<scalar_t>(op, {input, args.z}, out, layout);
   });
 }
 
-void CudaKernels::relu_backward(const Tensor& grad_output, const Tensor& input, const Tensor& z, const Tensor& mean,
-                                const Tensor& inv_std, const Tensor& weight, const Tensor& shift, Layout layout,
-                                Tensor& out) {
+void CudaKernels::relu_backward(const Tensor& grad_output, const Tensor& input, const NormalizeArgs& args,
+                                Layout layout, Tensor& out) {
   const c10::cuda::CUDAGuard guard(input.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_relu_bw_c_last_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const ReluMaskOp<acc_t> op{channel_affine<acc_t>(mean, inv_std, weight, shift)};
-    launch_channel_elementwise<scalar_t>(op, grad_output, input, z, out, layout);
+    const ReluMaskOp<acc_t> op{affine_params<acc_t>(args)};
+    launch_channel_elementwise<scalar_t>(op, {grad_output, input, args.z}, out, layout);
   });
 }
 
@@ -200,7 +301,7 @@ void CudaKernels::batchnorm_backward(const Tensor& grad_output, const Tensor& in
                                 data_or_null<acc_t>(weight),    sum_dy.const_data_ptr<acc_t>(),
                                 sum_dy_xmu.const_data_ptr<acc_t>(), count.const_data_ptr<int64_t>(),
                                 count.numel(),                  acc_t(0)};
-    launch_channel_elementwise<scalar_t>(op, grad_output, input, Tensor(), grad_input, layout);
+    launch_channel_elementwise<scalar_t>(op, {grad_output, input}, grad_input, layout);
   });
 }
 

@@ -19,7 +19,14 @@ constexpr int kThreads = 256;
 // Channels-last blocks: kColumns threads across channels, kRows across rows.
 constexpr int kColumns = 32;
 constexpr int kRows = kThreads / kColumns;
+constexpr int64_t kMaxGridY = 65535;
 
+// A Fold tells the reduction kernels what one channel's state folds in.
+//   NCHW: fold_same_channel<VEC>(state, offset, channel): VEC consecutive elements of one channel.
+//   Channels-last, per thread of VEC consecutive channels:
+//     channels<VEC>(first_channel): the per-channel constants the thread keeps in registers;
+//     load_row<VEC>(offset): the thread's share of one row (issued early, see kRowsInFlight);
+//     fold_row<VEC>(states, channels, row, rows_seen): folds that row into the VEC states.
 template <typename scalar_t, typename acc_t>
 struct WelfordFold {
   using State = WelfordState<acc_t>;
@@ -31,28 +38,42 @@ struct WelfordFold {
   // even when |mean| >> std.
   template <int VEC>
   __device__ void fold_same_channel(State& state, int64_t offset, int64_t) const {
-    const auto pack = load_pack<VEC>(x, offset);
-    const acc_t pivot = acc_t(pack.value[0]);
+    const auto values = load_vector<VEC>(x, offset);
+    const acc_t pivot = acc_t(values.value[0]);
     acc_t sum = 0;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) sum += acc_t(pack.value[v]) - pivot;
+    for (int v = 0; v < VEC; ++v) sum += acc_t(values.value[v]) - pivot;
     const acc_t shifted_mean = sum / acc_t(VEC);
     acc_t m2 = 0;
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
-      const acc_t d = acc_t(pack.value[v]) - pivot - shifted_mean;
+      const acc_t d = acc_t(values.value[v]) - pivot - shifted_mean;
       m2 += d * d;
     }
     state.merge({pivot + shifted_mean, m2, VEC});
   }
 
+  template <int VEC>
+  struct Channels {};
+  template <int VEC>
+  using Row = AlignedVector<scalar_t, VEC>;
+
+  template <int VEC>
+  __device__ Channels<VEC> channels(int64_t) const {
+    return {};
+  }
+
+  template <int VEC>
+  __device__ Row<VEC> load_row(int64_t offset) const {
+    return load_vector<VEC>(x, offset);
+  }
+
   // One element of each of VEC consecutive channels; all share the row count.
   template <int VEC>
-  __device__ void fold_row(State* states, int64_t offset, int64_t, int64_t rows_seen) const {
-    const auto pack = load_pack<VEC>(x, offset);
+  __device__ void fold_row(State* states, const Channels<VEC>&, const Row<VEC>& row, int64_t rows_seen) const {
     const acc_t inv_count = acc_t(1) / acc_t(rows_seen + 1);
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) states[v].push(acc_t(pack.value[v]), inv_count);
+    for (int v = 0; v < VEC; ++v) states[v].push(acc_t(row.value[v]), inv_count);
   }
 
   __device__ static void set_row_count(State& state, int64_t rows) { state.count = rows; }
@@ -67,8 +88,8 @@ struct GradFold {
 
   template <int VEC>
   __device__ void fold_same_channel(State& state, int64_t offset, int64_t channel) const {
-    const auto xs = load_pack<VEC>(x, offset);
-    const auto dys = load_pack<VEC>(dy, offset);
+    const auto xs = load_vector<VEC>(x, offset);
+    const auto dys = load_vector<VEC>(dy, offset);
     const acc_t mu = mean[channel];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
@@ -77,14 +98,36 @@ struct GradFold {
     }
   }
 
+  // The thread's channel means, read once rather than once per row.
   template <int VEC>
-  __device__ void fold_row(State* states, int64_t offset, int64_t first_channel, int64_t) const {
-    const auto xs = load_pack<VEC>(x, offset);
-    const auto dys = load_pack<VEC>(dy, offset);
+  struct Channels {
+    acc_t mean[VEC];
+  };
+  template <int VEC>
+  struct Row {
+    AlignedVector<scalar_t, VEC> x, dy;
+  };
+
+  template <int VEC>
+  __device__ Channels<VEC> channels(int64_t first_channel) const {
+    Channels<VEC> result;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) result.mean[v] = mean[first_channel + v];
+    return result;
+  }
+
+  template <int VEC>
+  __device__ Row<VEC> load_row(int64_t offset) const {
+    return {load_vector<VEC>(x, offset), load_vector<VEC>(dy, offset)};
+  }
+
+  template <int VEC>
+  __device__ void fold_row(State* states, const Channels<VEC>& channels, const Row<VEC>& row, int64_t) const {
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
-      states[v].sum_dy += acc_t(dys.value[v]);
-      states[v].sum_dy_xmu += acc_t(dys.value[v]) * (acc_t(xs.value[v]) - mean[first_channel + v]);
+      const acc_t dy_v = acc_t(row.dy.value[v]);
+      states[v].sum_dy += dy_v;
+      states[v].sum_dy_xmu += dy_v * (acc_t(row.x.value[v]) - channels.mean[v]);
     }
   }
 
@@ -114,29 +157,52 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Channels-last: block (blockIdx.x = group of kColumns * VEC channels, blockIdx.y =
-// slice of the rows); each thread folds VEC channels of every kRows-th row.
+// slice of the rows), threads (x: kColumns, y: kRows); each thread folds VEC channels
+// of every kRows-th row of the slice, a warp thus reading contiguous runs of a row.
 template <int VEC, typename Fold>
 __global__ void __launch_bounds__(kThreads)
     reduce_c_last_kernel(Fold fold, Layout layout, typename Fold::State* partials) {
   using State = typename Fold::State;
-  __shared__ State shared[kThreads];
+  using Row = typename Fold::template Row<VEC>;
+  // Every thread's states, [row of threads][v][column]: conflict-free shared stores and loads.
+  __shared__ State shared[kRows * VEC * kColumns];
   const int column = threadIdx.x, row = threadIdx.y;
-  const int64_t first_channel = (int64_t(blockIdx.x) * kColumns + column) * VEC;
-  const bool active = first_channel < layout.channels;
+  const int64_t block_channel = int64_t(blockIdx.x) * kColumns * VEC;
+  const int64_t first_channel = block_channel + int64_t(column) * VEC;
   State states[VEC];
 #pragma unroll
   for (int v = 0; v < VEC; ++v) states[v] = State::empty();
   int64_t rows_seen = 0;
-  if (active) {
-    for (int64_t r = int64_t(blockIdx.y) * kRows + row; r < layout.outer; r += int64_t(gridDim.y) * kRows) {
-      fold.template fold_row<VEC>(states, r * layout.channels + first_channel, first_channel, rows_seen++);
+  if (first_channel < layout.channels) {  // VEC divides the channels, so all VEC channels exist
+    const auto channels = fold.template channels<VEC>(first_channel);
+    const int64_t stride = int64_t(gridDim.y) * kRows;
+    for (int64_t r = int64_t(blockIdx.y) * kRows + row; r < layout.outer; r += kRowsInFlight * stride) {
+      Row rows[kRowsInFlight];
+#pragma unroll
+      for (int k = 0; k < kRowsInFlight; ++k) {
+        if (r + k * stride < layout.outer) {
+          rows[k] = fold.template load_row<VEC>((r + k * stride) * layout.channels + first_channel);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kRowsInFlight; ++k) {
+        if (r + k * stride < layout.outer) fold.template fold_row<VEC>(states, channels, rows[k], rows_seen++);
+      }
     }
   }
+  // One barrier, then each (v, column) of the block is merged over the kRows rows of
+  // threads by one thread, in row order.
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
     Fold::set_row_count(states[v], rows_seen);
-    const State merged = merge_columns(states[v], shared, row, column, kRows, kColumns);
-    if (row == 0 && active) partials[blockIdx.y * layout.channels + first_channel + v] = merged;
+    shared[(row * VEC + v) * kColumns + column] = states[v];
+  }
+  __syncthreads();
+  for (int i = row * kColumns + column; i < VEC * kColumns; i += kThreads) {
+    State merged = shared[i];
+    for (int r = 1; r < kRows; ++r) merged.merge(shared[r * VEC * kColumns + i]);
+    const int64_t channel = block_channel + int64_t(i % kColumns) * VEC + i / kColumns;
+    if (channel < layout.channels) partials[blockIdx.y * layout.channels + channel] = merged;
   }
 }
 
@@ -154,32 +220,49 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename acc_t>
-struct WriteMeanVar {
-  acc_t* mean;
-  acc_t* var_biased;
-  __device__ void operator()(int64_t c, const WelfordState<acc_t>& s) const {
-    mean[c] = s.mean;
-    var_biased[c] = s.biased_var();
+// Per-slice partial states of every channel ([slices][channels]), in a byte tensor.
+struct Partials {
+  Tensor storage;
+  int64_t slices;
+
+  template <typename State>
+  static Partials allocate(const Tensor& input, int64_t slices, int64_t channels) {
+    return {at::empty({slices * channels * int64_t(sizeof(State))}, input.options().dtype(at::kByte)), slices};
+  }
+  template <typename State>
+  State* states() const {
+    return reinterpret_cast<State*>(storage.mutable_data_ptr());
   }
 };
 
-template <typename acc_t>
-struct WriteGradSums {
-  acc_t* sum_dy;
-  acc_t* sum_dy_xmu;
-  __device__ void operator()(int64_t c, const GradSums<acc_t>& s) const {
-    sum_dy[c] = s.sum_dy;
-    sum_dy_xmu[c] = s.sum_dy_xmu;
-  }
-};
+template <int VEC, typename Fold>
+Partials reduce_nchw(const Fold& fold, const Tensor& input, Layout layout) {
+  using State = typename Fold::State;
+  const int columns = std::min(kThreads, next_power_of_two(ceil_div(layout.inner, VEC)));
+  const int rows = kThreads / columns;
+  const int64_t slices = std::clamp<int64_t>(ceil_div(target_blocks(), layout.channels), 1,
+                                             ceil_div(layout.outer, rows));
+  auto partials = Partials::allocate<State>(input, slices, layout.channels);
+  const dim3 grid(slices, std::min(layout.channels, kMaxGridY));
+  reduce_nchw_kernel<VEC><<<grid, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(fold, layout, columns,
+                                                                                  partials.template states<State>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return partials;
+}
 
-constexpr int64_t kMaxGridY = 65535;
-
-int next_power_of_two(int64_t n) {
-  int p = 1;
-  while (p < n) p *= 2;
-  return p;
+template <int VEC, typename Fold>
+Partials reduce_c_last(const Fold& fold, const Tensor& input, Layout layout) {
+  using State = typename Fold::State;
+  const auto kernel = reduce_c_last_kernel<VEC, Fold>;
+  const int64_t channel_groups = ceil_div(layout.channels, int64_t(kColumns) * VEC);
+  // One wave: every thread then folds many rows between its setup and its block merge.
+  const int64_t slices = std::clamp<int64_t>(one_wave_blocks(kernel, kThreads) / channel_groups, 1,
+                                             std::min(kMaxGridY, ceil_div(layout.outer, kRows)));
+  auto partials = Partials::allocate<State>(input, slices, layout.channels);
+  kernel<<<dim3(channel_groups, slices), dim3(kColumns, kRows), 0, at::cuda::getCurrentCUDAStream()>>>(
+      fold, layout, partials.template states<State>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return partials;
 }
 
 // Reduces every channel of `input` with `fold`, then hands each channel's state to `finish`.
@@ -188,43 +271,16 @@ void reduce_channels(const Fold& fold, const Tensor& input, bool vector_aligned,
                      const Finish& finish) {
   using State = typename Fold::State;
   constexpr int VEC = vector_width<scalar_t>();
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  const int64_t C = layout.channels;
-  int64_t slices;
-  Tensor partials;
-  auto allocate = [&](int64_t count) {
-    partials = at::empty({count * C * int64_t(sizeof(State))}, input.options().dtype(at::kByte));
-    return reinterpret_cast<State*>(partials.mutable_data_ptr());
-  };
+  Partials partials;
   if (!layout.channels_last()) {
-    const bool vectorized = vector_aligned && layout.inner % VEC == 0;
-    const int width = vectorized ? VEC : 1;
-    const int columns = std::min(kThreads, next_power_of_two(ceil_div(layout.inner, width)));
-    const int rows = kThreads / columns;
-    slices = std::clamp<int64_t>(ceil_div(target_blocks(), C), 1, ceil_div(layout.outer, rows));
-    const dim3 grid(slices, std::min(C, kMaxGridY));
-    State* out = allocate(slices);
-    if (vectorized) {
-      reduce_nchw_kernel<VEC><<<grid, kThreads, 0, stream>>>(fold, layout, columns, out);
-    } else {
-      reduce_nchw_kernel<1><<<grid, kThreads, 0, stream>>>(fold, layout, columns, out);
-    }
+    partials = vector_aligned && layout.inner % VEC == 0 ? reduce_nchw<VEC>(fold, input, layout)
+                                                         : reduce_nchw<1>(fold, input, layout);
   } else {
-    const bool vectorized = vector_aligned && C % VEC == 0;
-    const int64_t channel_groups = ceil_div(C, int64_t(kColumns) * (vectorized ? VEC : 1));
-    slices = std::clamp<int64_t>(ceil_div(target_blocks(), channel_groups), 1,
-                                 std::min(kMaxGridY, ceil_div(layout.outer, kRows)));
-    const dim3 grid(channel_groups, slices), block(kColumns, kRows);
-    State* out = allocate(slices);
-    if (vectorized) {
-      reduce_c_last_kernel<VEC><<<grid, block, 0, stream>>>(fold, layout, out);
-    } else {
-      reduce_c_last_kernel<1><<<grid, block, 0, stream>>>(fold, layout, out);
-    }
+    partials = vector_aligned && layout.channels % VEC == 0 ? reduce_c_last<VEC>(fold, input, layout)
+                                                            : reduce_c_last<1>(fold, input, layout);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  finish_kernel<<<std::min(C, kMaxGridY), kThreads, 0, stream>>>(
-      reinterpret_cast<const State*>(partials.const_data_ptr()), slices, C, finish);
+  finish_kernel<<<std::min(layout.channels, kMaxGridY), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      partials.template states<State>(), partials.slices, layout.channels, finish);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -251,8 +307,9 @@ void CudaKernels::welford_mean_var(const Tensor& input, Layout layout, Tensor& m
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_welford_mean_var_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     reduce_channels<scalar_t>(WelfordFold<scalar_t, acc_t>{input.const_data_ptr<scalar_t>()}, input,
-                              is_vector_aligned(input), layout,
-                              WriteMeanVar<acc_t>{mean.mutable_data_ptr<acc_t>(), var_biased.mutable_data_ptr<acc_t>()});
+                              aligned_or_absent(input), layout,
+                              WriteChannelResults<acc_t>{mean.mutable_data_ptr<acc_t>(),
+                                                         var_biased.mutable_data_ptr<acc_t>()});
   });
 }
 
@@ -263,8 +320,9 @@ void CudaKernels::reduce_bn(const Tensor& grad_output, const Tensor& input, cons
     using acc_t = at::opmath_type<scalar_t>;
     const GradFold<scalar_t, acc_t> fold{input.const_data_ptr<scalar_t>(), grad_output.const_data_ptr<scalar_t>(),
                                          mean.const_data_ptr<acc_t>()};
-    reduce_channels<scalar_t>(fold, input, is_vector_aligned(input) && is_vector_aligned(grad_output), layout,
-                              WriteGradSums<acc_t>{sum_dy.mutable_data_ptr<acc_t>(), sum_dy_xmu.mutable_data_ptr<acc_t>()});
+    reduce_channels<scalar_t>(fold, input, aligned_or_absent(input) && aligned_or_absent(grad_output), layout,
+                              WriteChannelResults<acc_t>{sum_dy.mutable_data_ptr<acc_t>(),
+                                                         sum_dy_xmu.mutable_data_ptr<acc_t>()});
   });
 }
 

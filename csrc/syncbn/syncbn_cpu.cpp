@@ -102,12 +102,8 @@ void CpuKernels::welford_mean_var(const Tensor& input, Layout layout, Tensor& me
       for (int64_t c = 0; c < channels; ++c) states[c].count = last - first;
     };
     const auto stats = reduce_channels<State>(layout, fold_segment, fold_rows);
-    acc_t* mean_out = mean.mutable_data_ptr<acc_t>();
-    acc_t* var_out = var_biased.mutable_data_ptr<acc_t>();
-    for (int64_t c = 0; c < channels; ++c) {
-      mean_out[c] = stats[c].mean;
-      var_out[c] = stats[c].biased_var();
-    }
+    const WriteChannelResults<acc_t> write{mean.mutable_data_ptr<acc_t>(), var_biased.mutable_data_ptr<acc_t>()};
+    for (int64_t c = 0; c < channels; ++c) write(c, stats[c]);
   });
 }
 
@@ -133,16 +129,15 @@ void CpuKernels::welford_parallel(const Tensor& mean, const Tensor& var_biased, 
   });
 }
 
-void CpuKernels::batchnorm_forward(const Tensor& input, const Tensor& z, const Tensor& mean, const Tensor& inv_std,
-                                   const Tensor& weight, const Tensor& shift, bool fuse_relu, Layout layout,
+void CpuKernels::batchnorm_forward(const Tensor& input, const NormalizeArgs& args, bool fuse_relu, Layout layout,
                                    Tensor& out) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_batchnorm_forward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const int64_t C = layout.channels;
-    const auto mu = to_vector<acc_t>(mean, 0, C), sigma_inv = to_vector<acc_t>(inv_std, 0, C);
-    const auto w = to_vector<acc_t>(weight, 1, C), b = to_vector<acc_t>(shift, 0, C);
+    const auto mu = to_vector<acc_t>(args.mean, 0, C), sigma_inv = to_vector<acc_t>(args.inv_std, 0, C);
+    const auto w = to_vector<acc_t>(args.weight, 1, C), b = to_vector<acc_t>(args.shift, 0, C);
     const scalar_t* x = input.const_data_ptr<scalar_t>();
-    const scalar_t* residual = data_or_null<scalar_t>(z);
+    const scalar_t* residual = data_or_null<scalar_t>(args.z);
     scalar_t* y = out.mutable_data_ptr<scalar_t>();
     for_each_segment(layout, [&](int64_t c, int64_t offset) {
       const acc_t scale = sigma_inv[c] * w[c];
@@ -155,13 +150,12 @@ void CpuKernels::batchnorm_forward(const Tensor& input, const Tensor& z, const T
   });
 }
 
-void CpuKernels::relu_backward(const Tensor& grad_output, const Tensor& input, const Tensor& z, const Tensor& mean,
-                               const Tensor& inv_std, const Tensor& weight, const Tensor& shift, Layout layout,
-                               Tensor& out) {
+void CpuKernels::relu_backward(const Tensor& grad_output, const Tensor& input, const NormalizeArgs& args,
+                               Layout layout, Tensor& out) {
   // The forward output is recomputed rather than stored: it costs a read of x (and z)
   // instead of keeping a whole activation alive for backward.
   Tensor forward_output = at::empty_like(input);
-  batchnorm_forward(input, z, mean, inv_std, weight, shift, /*fuse_relu=*/false, layout, forward_output);
+  batchnorm_forward(input, args, /*fuse_relu=*/false, layout, forward_output);
   at::where_out(out, forward_output > 0, grad_output, at::zeros({}, grad_output.options()));
 }
 
@@ -192,10 +186,8 @@ void CpuKernels::reduce_bn(const Tensor& grad_output, const Tensor& input, const
       }
     };
     const auto sums = reduce_channels<State>(layout, fold_segment, fold_rows);
-    for (int64_t c = 0; c < channels; ++c) {
-      sum_dy.mutable_data_ptr<acc_t>()[c] = sums[c].sum_dy;
-      sum_dy_xmu.mutable_data_ptr<acc_t>()[c] = sums[c].sum_dy_xmu;
-    }
+    const WriteChannelResults<acc_t> write{sum_dy.mutable_data_ptr<acc_t>(), sum_dy_xmu.mutable_data_ptr<acc_t>()};
+    for (int64_t c = 0; c < channels; ++c) write(c, sums[c]);
   });
 }
 
@@ -204,7 +196,7 @@ void CpuKernels::batchnorm_backward(const Tensor& grad_output, const Tensor& inp
                                     const Tensor& sum_dy_xmu, const Tensor& count, Layout layout,
                                     Tensor& grad_input) {
   const int64_t total = count.sum().item<int64_t>();
-  TORCH_CHECK(total > 0, "syncbn.batchnorm_backward: count must sum to a positive number of elements, got ", total);
+  APEX_CHECK(total > 0, "syncbn.batchnorm_backward: count must sum to a positive number of elements, got ", total);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_batchnorm_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const int64_t C = layout.channels;

@@ -17,6 +17,8 @@
 
 #include <tuple>
 
+#include "apex/check.h"
+
 namespace apex_syncbn {
 
 using at::Tensor;
@@ -35,13 +37,13 @@ inline at::ScalarType accumulation_dtype(const Tensor& input) {
 }
 
 inline Layout layout_of(const Tensor& input, bool channels_last, const char* op) {
-  TORCH_CHECK(input.dim() >= 2, op, ": input must have at least 2 dimensions (batch, channel, ...), got shape ",
-              input.sizes());
+  APEX_CHECK(input.dim() >= 2, op, ": input must have at least 2 dimensions (batch, channel, ...), got shape ",
+             input.sizes());
   const auto dtype = input.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble, op,
-              ": input must be float16, bfloat16, float32 or float64, got ", dtype);
+  APEX_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble, op,
+             ": input must be float16, bfloat16, float32 or float64, got ", dtype);
   const int64_t channels = channels_last ? input.size(-1) : input.size(1);
-  TORCH_CHECK(channels > 0, op, ": input has no channels (shape ", input.sizes(), ")");
+  APEX_CHECK(channels > 0, op, ": input has no channels (shape ", input.sizes(), ")");
   if (channels_last) return {input.numel() / channels, channels, 1};
   int64_t inner = 1;
   for (int64_t d = 2; d < input.dim(); ++d) inner *= input.size(d);
@@ -49,17 +51,23 @@ inline Layout layout_of(const Tensor& input, bool channels_last, const char* op)
 }
 
 inline void check_same_device(const Tensor& input, const Tensor& other, const char* op, const char* name) {
-  TORCH_CHECK(other.device() == input.device(), op, ": ", name, " is on ", other.device(), " but input is on ",
-              input.device());
+  APEX_CHECK(other.device() == input.device(), op, ": ", name, " is on ", other.device(), " but input is on ",
+             input.device());
 }
 
-// Per-channel vectors (mean, inv_std, weight, ...): shape [C], converted to the accumulation dtype.
+// Per-channel vectors (mean, inv_std, weight, ...): shape [C], floating point, on input's device.
+inline void check_channel_vector(const Tensor& input, const Tensor& t, int64_t channels, const char* op,
+                                 const char* name) {
+  check_same_device(input, t, op, name);
+  APEX_CHECK(t.dim() == 1 && t.size(0) == channels, op, ": ", name, " must have shape [", channels, "], got ",
+             t.sizes());
+  APEX_CHECK(at::isFloatingType(t.scalar_type()), op, ": ", name, " must be floating point, got ", t.scalar_type());
+}
+
+// A checked per-channel vector in the accumulation dtype, as the kernels read it.
 inline Tensor channel_vector(const Tensor& input, const Tensor& t, int64_t channels, const char* op,
                              const char* name) {
-  check_same_device(input, t, op, name);
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == channels, op, ": ", name, " must have shape [", channels, "], got ",
-              t.sizes());
-  TORCH_CHECK(at::isFloatingType(t.scalar_type()), op, ": ", name, " must be floating point, got ", t.scalar_type());
+  check_channel_vector(input, t, channels, op, name);
   return t.to(accumulation_dtype(input)).contiguous();
 }
 
@@ -71,18 +79,42 @@ inline Tensor optional_channel_vector(const Tensor& input, const OptTensor& t, i
 // A tensor that pairs element-wise with input (grad_output, z).
 inline Tensor like_input(const Tensor& input, const Tensor& t, const char* op, const char* name) {
   check_same_device(input, t, op, name);
-  TORCH_CHECK(t.sizes() == input.sizes(), op, ": ", name, " must have the shape of input ", input.sizes(), ", got ",
-              t.sizes());
-  TORCH_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " must have the dtype of input (",
-              input.scalar_type(), "), got ", t.scalar_type());
+  APEX_CHECK(t.sizes() == input.sizes(), op, ": ", name, " must have the shape of input ", input.sizes(), ", got ",
+             t.sizes());
+  APEX_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " must have the dtype of input (",
+             input.scalar_type(), "), got ", t.scalar_type());
   return t.contiguous();
 }
 
 inline Tensor counts_vector(const Tensor& input, const Tensor& count, const char* op) {
   check_same_device(input, count, op, "count");
-  TORCH_CHECK(count.dim() == 1 && count.numel() > 0, op, ": count must be a non-empty 1-D tensor (one entry per rank), got shape ",
-              count.sizes());
+  APEX_CHECK(count.dim() == 1 && count.numel() > 0, op,
+             ": count must be a non-empty 1-D tensor (one entry per rank), got shape ", count.sizes());
   return count.to(at::kLong).contiguous();
+}
+
+// What normalizing needs beside the input: y = (x - mean) * inv_std * weight + shift [+ z].
+// weight, shift and z may be undefined (1, 0 and 0).
+struct NormalizeArgs {
+  Tensor mean, inv_std, weight, shift, z;
+};
+
+// Checks the statistics, affine parameters and residual of one normalizing op and brings
+// them into the kernels' form.
+inline NormalizeArgs normalize_args(const Tensor& input, Layout layout, const Tensor& mean, const Tensor& inv_std,
+                                    const OptTensor& weight, const OptTensor& shift, const OptTensor& z,
+                                    const char* op) {
+  return {channel_vector(input, mean, layout.channels, op, "mean"),
+          channel_vector(input, inv_std, layout.channels, op, "inv_std"),
+          optional_channel_vector(input, weight, layout.channels, op, "weight"),
+          optional_channel_vector(input, shift, layout.channels, op, "shift"),
+          z.has_value() && z->defined() ? like_input(input, *z, op, "z") : Tensor()};
+}
+
+// Statistics of an empty input are zeros; otherwise the kernels write every channel.
+inline Tensor channel_output(const Tensor& input, int64_t channels, at::ScalarType dtype) {
+  const auto options = input.options().dtype(dtype);
+  return input.numel() > 0 ? at::empty({channels}, options) : at::zeros({channels}, options);
 }
 
 // The kernels each device provides, declared once; the macro only stamps out one
@@ -92,12 +124,10 @@ inline Tensor counts_vector(const Tensor& input, const Tensor& count, const char
     static void welford_mean_var(const Tensor& input, Layout layout, Tensor& mean, Tensor& var_biased);          \
     static void welford_parallel(const Tensor& mean, const Tensor& var_biased, const Tensor& count, double eps, \
                                  Tensor& out_mean, Tensor& out_var, Tensor& inv_std);                             \
-    static void batchnorm_forward(const Tensor& input, const Tensor& z, const Tensor& mean, const Tensor& inv_std, \
-                                  const Tensor& weight, const Tensor& shift, bool fuse_relu, Layout layout,       \
+    static void batchnorm_forward(const Tensor& input, const NormalizeArgs& args, bool fuse_relu, Layout layout, \
                                   Tensor& out);                                                                   \
-    static void relu_backward(const Tensor& grad_output, const Tensor& input, const Tensor& z, const Tensor& mean, \
-                              const Tensor& inv_std, const Tensor& weight, const Tensor& shift, Layout layout,    \
-                              Tensor& out);                                                                       \
+    static void relu_backward(const Tensor& grad_output, const Tensor& input, const NormalizeArgs& args,          \
+                              Layout layout, Tensor& out);                                                        \
     static void reduce_bn(const Tensor& grad_output, const Tensor& input, const Tensor& mean, Layout layout,      \
                           Tensor& sum_dy, Tensor& sum_dy_xmu);                                                    \
     static void batchnorm_backward(const Tensor& grad_output, const Tensor& input, const Tensor& mean,            \
@@ -116,9 +146,8 @@ struct SyncBNOps {
     const char* op = channels_last ? "syncbn.welford_mean_var_c_last" : "syncbn.welford_mean_var";
     const Layout layout = layout_of(input_, channels_last, op);
     const Tensor input = input_.contiguous();
-    auto options = input.options().dtype(accumulation_dtype(input));
-    Tensor mean = at::zeros({layout.channels}, options);
-    Tensor var_biased = at::zeros({layout.channels}, options);
+    Tensor mean = channel_output(input, layout.channels, accumulation_dtype(input));
+    Tensor var_biased = channel_output(input, layout.channels, accumulation_dtype(input));
     if (input.numel() > 0) Kernels::welford_mean_var(input, layout, mean, var_biased);
     return {mean, var_biased};
   }
@@ -128,14 +157,14 @@ struct SyncBNOps {
   static std::tuple<Tensor, Tensor, Tensor> welford_parallel(const Tensor& mean_, const Tensor& var_biased_,
                                                              const Tensor& count_, double eps) {
     const char* op = "syncbn.welford_parallel";
-    TORCH_CHECK(mean_.dim() == 2 && mean_.size(0) > 0 && mean_.size(1) > 0, op,
-                ": mean must have shape [world_size, channels], got ", mean_.sizes());
-    TORCH_CHECK(at::isFloatingType(mean_.scalar_type()), op, ": mean must be floating point, got ", mean_.scalar_type());
-    TORCH_CHECK(var_biased_.sizes() == mean_.sizes(), op, ": var_biased must have the shape of mean ", mean_.sizes(),
-                ", got ", var_biased_.sizes());
-    TORCH_CHECK(count_.dim() == 1 && count_.size(0) == mean_.size(0), op, ": count must have shape [",
-                mean_.size(0), "], got ", count_.sizes());
-    TORCH_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
+    APEX_CHECK(mean_.dim() == 2 && mean_.size(0) > 0 && mean_.size(1) > 0, op,
+               ": mean must have shape [world_size, channels], got ", mean_.sizes());
+    APEX_CHECK(at::isFloatingType(mean_.scalar_type()), op, ": mean must be floating point, got ", mean_.scalar_type());
+    APEX_CHECK(var_biased_.sizes() == mean_.sizes(), op, ": var_biased must have the shape of mean ", mean_.sizes(),
+               ", got ", var_biased_.sizes());
+    APEX_CHECK(count_.dim() == 1 && count_.size(0) == mean_.size(0), op, ": count must have shape [", mean_.size(0),
+               "], got ", count_.sizes());
+    APEX_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
     check_same_device(mean_, var_biased_, op, "var_biased");
     check_same_device(mean_, count_, op, "count");
     const auto acc = accumulation_dtype(mean_);
@@ -156,13 +185,9 @@ struct SyncBNOps {
     const char* op = channels_last ? "syncbn.batchnorm_forward_c_last" : "syncbn.batchnorm_forward";
     const Layout layout = layout_of(input_, channels_last, op);
     const Tensor input = input_.contiguous();
-    const Tensor mean = channel_vector(input, mean_, layout.channels, op, "mean");
-    const Tensor inv_std = channel_vector(input, inv_std_, layout.channels, op, "inv_std");
-    const Tensor weight = optional_channel_vector(input, weight_, layout.channels, op, "weight");
-    const Tensor shift = optional_channel_vector(input, shift_, layout.channels, op, "shift");
-    const Tensor z = z_.has_value() && z_->defined() ? like_input(input, *z_, op, "z") : Tensor();
+    const NormalizeArgs args = normalize_args(input, layout, mean_, inv_std_, weight_, shift_, z_, op);
     Tensor out = at::empty_like(input);
-    if (input.numel() > 0) Kernels::batchnorm_forward(input, z, mean, inv_std, weight, shift, fuse_relu, layout, out);
+    if (input.numel() > 0) Kernels::batchnorm_forward(input, args, fuse_relu, layout, out);
     return out;
   }
 
@@ -174,13 +199,9 @@ struct SyncBNOps {
     const Layout layout = layout_of(input_, /*channels_last=*/true, op);
     const Tensor input = input_.contiguous();
     const Tensor grad_output = like_input(input, grad_output_, op, "grad_output");
-    const Tensor mean = channel_vector(input, mean_, layout.channels, op, "mean");
-    const Tensor inv_std = channel_vector(input, inv_std_, layout.channels, op, "inv_std");
-    const Tensor weight = optional_channel_vector(input, weight_, layout.channels, op, "weight");
-    const Tensor shift = optional_channel_vector(input, shift_, layout.channels, op, "shift");
-    const Tensor z = z_.has_value() && z_->defined() ? like_input(input, *z_, op, "z") : Tensor();
+    const NormalizeArgs args = normalize_args(input, layout, mean_, inv_std_, weight_, shift_, z_, op);
     Tensor out = at::empty_like(input);
-    if (input.numel() > 0) Kernels::relu_backward(grad_output, input, z, mean, inv_std, weight, shift, layout, out);
+    if (input.numel() > 0) Kernels::relu_backward(grad_output, input, args, layout, out);
     return out;
   }
 
@@ -195,13 +216,12 @@ struct SyncBNOps {
     const Tensor grad_output = like_input(input, grad_output_, op, "grad_output");
     const Tensor mean = channel_vector(input, mean_, layout.channels, op, "mean");
     const Tensor inv_std = channel_vector(input, inv_std_, layout.channels, op, "inv_std");
-    Tensor sum_dy = at::zeros_like(mean);
-    Tensor sum_dy_xmu = at::zeros_like(mean);
+    const bool affine = weight_.has_value() && weight_->defined();
+    if (affine) check_channel_vector(input, *weight_, layout.channels, op, "weight");  // only its dtype is used
+    Tensor sum_dy = channel_output(input, layout.channels, mean.scalar_type());
+    Tensor sum_dy_xmu = channel_output(input, layout.channels, mean.scalar_type());
     if (input.numel() > 0) Kernels::reduce_bn(grad_output, input, mean, layout, sum_dy, sum_dy_xmu);
-    if (!(weight_.has_value() && weight_->defined())) {
-      return {sum_dy, sum_dy_xmu, at::empty({0}, mean.options()), at::empty({0}, mean.options())};
-    }
-    channel_vector(input, *weight_, layout.channels, op, "weight");  // validates shape and device
+    if (!affine) return {sum_dy, sum_dy_xmu, at::empty({0}, mean.options()), at::empty({0}, mean.options())};
     const auto weight_dtype = weight_->scalar_type();
     return {sum_dy, sum_dy_xmu, (sum_dy_xmu * inv_std).to(weight_dtype), sum_dy.to(weight_dtype)};
   }

@@ -11,6 +11,13 @@
 
 namespace apex_syncbn {
 
+// The two per-channel results of a reduction, in the order the ops return them.
+template <typename acc_t>
+struct ChannelResults {
+  acc_t first;
+  acc_t second;
+};
+
 template <typename acc_t>
 struct WelfordState {
   acc_t mean;
@@ -44,6 +51,9 @@ struct WelfordState {
   }
 
   C10_HOST_DEVICE acc_t biased_var() const { return count > 0 ? m2 / acc_t(count) : acc_t(0); }
+
+  // (mean, biased variance): what welford_mean_var returns.
+  C10_HOST_DEVICE ChannelResults<acc_t> results() const { return {mean, biased_var()}; }
 };
 
 // Sums the backward pass reduces per channel: sum(dy) and sum(dy * (x - mean)).
@@ -57,6 +67,23 @@ struct GradSums {
   C10_HOST_DEVICE void merge(const GradSums& other) {
     sum_dy += other.sum_dy;
     sum_dy_xmu += other.sum_dy_xmu;
+  }
+
+  // (sum_dy, sum_dy_xmu): what reduce_bn returns first.
+  C10_HOST_DEVICE ChannelResults<acc_t> results() const { return {sum_dy, sum_dy_xmu}; }
+};
+
+// Writes each channel's results into two [C] outputs.
+template <typename acc_t>
+struct WriteChannelResults {
+  acc_t* first;
+  acc_t* second;
+
+  template <typename State>
+  C10_HOST_DEVICE void operator()(int64_t channel, const State& state) const {
+    const ChannelResults<acc_t> results = state.results();
+    first[channel] = results.first;
+    second[channel] = results.second;
   }
 };
 

@@ -106,6 +106,71 @@ def reducer_worker(rank, world_size):
     return {"grads": {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, "tensors": tensors}
 
 
+class SkippableNet(torch.nn.Module):
+    """`use_params=False` takes a branch without parameters: that rank's backward then
+    produces no parameter gradient, so no parameter hook fires there."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x, use_params):
+        return self.linear(x) if use_params else x * 2.0
+
+
+# Which ranks use the parameters in each iteration: one, the other, both, one, neither.
+SKIP_SCHEDULE = [(True, False), (False, True), (True, True), (True, False), (False, False)]
+
+
+def skip_batch(iteration, rank):
+    g = torch.Generator().manual_seed(10 * iteration + rank)
+    return torch.randn(BATCH_PER_RANK, 8, generator=g)
+
+
+def skipping_rank_worker(rank, world_size, device):
+    from apex.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = SkippableNet().to(device)
+    ddp = DistributedDataParallel(model, message_size=1)
+    grads = []
+    for it, users in enumerate(SKIP_SCHEDULE):
+        model.zero_grad(set_to_none=True)
+        x = skip_batch(it, rank).to(device).requires_grad_(True)  # so the skipping branch still has a graph
+        ddp(x, users[rank]).pow(2).mean().backward()
+        grads.append({n: None if p.grad is None else p.grad.cpu() for n, p in model.named_parameters()})
+    return grads
+
+
+def skipping_reference(iteration, world_size):
+    """The average over ranks of each rank's local gradient (zero where it skipped)."""
+    torch.manual_seed(0)
+    model = SkippableNet()
+    total = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for rank in range(world_size):
+        if SKIP_SCHEDULE[iteration][rank]:
+            model.zero_grad(set_to_none=True)
+            model(skip_batch(iteration, rank), True).pow(2).mean().backward()
+            for n, p in model.named_parameters():
+                total[n] += p.grad
+    return {n: g / world_size for n, g in total.items()}
+
+
+def assert_skipping_results(results):
+    for it in range(len(SKIP_SCHEDULE)):
+        expected = skipping_reference(it, len(results))
+        for rank_grads in results:
+            for name, want in expected.items():
+                torch.testing.assert_close(rank_grads[it][name], want, rtol=1e-5, atol=1e-6)
+
+
+def test_rank_without_parameter_gradients_still_joins_the_allreduce():
+    # With parameter hooks alone, a skipping rank joins no collective in that backward:
+    # here rank 0 ends up waiting for all-reduces rank 1 never issues (a collective
+    # timeout), and the ones that do pair up mix different iterations' gradients.
+    assert_skipping_results(run_ranks(skipping_rank_worker, 2, "cpu", timeout=60))
+
+
 def reference_grads(dtype, world_size, iteration):
     model = make_model(dtype)
     loss_of(model, global_batch(iteration, world_size, dtype)).backward()

@@ -12,17 +12,20 @@ pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 
 
+# The large shape gives every channels-last thread many rows (grid-stride loops, a
+# partial last group of rows in flight) and the reductions many slices to merge.
+@pytest.mark.parametrize("shape", [(8, 32, 14, 14), (64, 64, 33, 31)], ids=["small", "large"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
-def test_syncbn_single_gpu_matches_batchnorm(dtype, layout):
+def test_syncbn_single_gpu_matches_batchnorm(dtype, layout, shape):
     from apex.parallel import SyncBatchNorm
 
     torch.manual_seed(0)
     memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-    x = (torch.randn(8, 32, 14, 14, device="cuda") * 2 + 1).to(dtype).contiguous(memory_format=memory_format)
+    x = (torch.randn(shape, device="cuda") * 2 + 1).to(dtype).contiguous(memory_format=memory_format)
     dy = torch.randn_like(x)
-    ref = torch.nn.BatchNorm2d(32).cuda()
-    bn = SyncBatchNorm(32).cuda()
+    ref = torch.nn.BatchNorm2d(shape[1]).cuda()
+    bn = SyncBatchNorm(shape[1]).cuda()
     x_ref = x.float().detach().requires_grad_(True)
     x_bn = x.detach().requires_grad_(True)
     y_ref = ref(x_ref)
@@ -67,6 +70,12 @@ def test_ddp_two_ranks_nccl():
                     if ref is not None:
                         torch.testing.assert_close(got, ref * scale, rtol=3e-2 if dtype == torch.bfloat16 else 1e-4,
                                                    atol=3e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+@two_gpus
+def test_ddp_rank_without_parameter_gradients_nccl():
+    test_ddp.assert_skipping_results(run_ranks(test_ddp.skipping_rank_worker, 2, "cuda", backend="nccl",
+                                               timeout=120))
 
 
 def test_ddp_one_rank_nccl():
