@@ -69,11 +69,16 @@ def _setup_context(ctx, inputs, output):
     eps, memory_efficient = inputs[-2:]
     ctx.normalized_shape, ctx.eps, ctx.memory_efficient = normalized_shape, eps, memory_efficient
     ctx.input_dtype = input.dtype
+    # mean / invvar get no gradient: without this autograd fills a zero tensor for each (two more
+    # kernels per backward) only for the formulas below to ignore them.
+    ctx.set_materialize_grads(False)
     kept = output[0] if memory_efficient else input
     ctx.save_for_backward(kept, *output[1:], weight, bias)
 
 
 def _layer_norm_backward(ctx, grad_output, grad_mean, grad_invvar):
+    if grad_output is None:  # only mean / invvar were used
+        return None, None, None, None, None, None
     kept, mean, invvar, weight, bias = ctx.saved_tensors
     grad_input, grad_weight, grad_bias = torch.ops.apex.layer_norm_bwd(
         grad_output, mean, invvar, kept, ctx.normalized_shape, weight, bias, ctx.eps, ctx.memory_efficient)
@@ -83,6 +88,8 @@ def _layer_norm_backward(ctx, grad_output, grad_mean, grad_invvar):
 
 
 def _rms_norm_backward(ctx, grad_output, grad_invvar):
+    if grad_output is None:  # only invvar was used
+        return None, None, None, None, None
     kept, invvar, weight, _ = ctx.saved_tensors
     grad_input, grad_weight = torch.ops.apex.rms_norm_bwd(
         grad_output, invvar, kept, ctx.normalized_shape, weight, ctx.eps, ctx.memory_efficient)

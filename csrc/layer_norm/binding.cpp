@@ -2,6 +2,8 @@
 // wrappers over the apex::layer_norm_* / apex::rms_norm_* dispatcher ops, so one function serves
 // CPU and CUDA tensors.
 
+#include "apex/check.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
 
@@ -29,10 +31,8 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 
 // apex's non-mixed entry points read gamma as the input's dtype; say so instead of reinterpreting.
 void check_same_dtype(const Tensor& input, const Tensor& gamma, const char* fn) {
-  // One std::string message: see layer_norm_ops.cpp on why messages skip std::ostringstream.
-  TORCH_CHECK(gamma.scalar_type() == input.scalar_type(),
-              std::string(fn) + ": gamma has dtype " + c10::toString(gamma.scalar_type()) + " but input has dtype " +
-                  c10::toString(input.scalar_type()) + "; use " + fn + "_mixed_dtypes for float32 parameters");
+  APEX_CHECK(gamma.scalar_type() == input.scalar_type(), fn, ": gamma has dtype ", gamma.scalar_type(),
+             " but input has dtype ", input.scalar_type(), "; use ", fn, "_mixed_dtypes for float32 parameters");
 }
 
 std::vector<Tensor> layer_norm(const Tensor& input, at::IntArrayRef normalized_shape, double epsilon) {

@@ -3,11 +3,12 @@
 // the argument bundles every kernel receives, host-side validation, and one
 // template that registers a device's two kernels under all four dispatcher ops.
 
+#include "apex/check.h"
+
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <optional>
-#include <string>
 #include <tuple>
 
 namespace apex::layer_norm {
@@ -104,7 +105,7 @@ void dispatch_dtypes(at::ScalarType input, at::ScalarType weight, const char* na
     case at::kDouble: return f(double{}, double{});
     case at::kHalf: return mixed ? f(at::Half{}, float{}) : f(at::Half{}, at::Half{});
     case at::kBFloat16: return mixed ? f(at::BFloat16{}, float{}) : f(at::BFloat16{}, at::BFloat16{});
-    default: TORCH_CHECK(false, std::string(name) + ": unsupported dtype " + c10::toString(input));
+    default: APEX_CHECK(false, name, ": unsupported dtype ", input);
   }
 }
 

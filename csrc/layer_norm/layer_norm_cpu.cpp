@@ -28,20 +28,28 @@ std::vector<A> parameter_or(const at::Tensor& p, int64_t cols, A fill) {
   return out;
 }
 
+// The row loop both directions share: rows split into parallel tasks, each task calling
+// body(begin, end, gamma, beta) with weight / bias in the accumulation type A (1 / 0 when absent).
+template <typename W, typename A, typename Body>
+void for_row_ranges(int64_t rows, int64_t cols, const at::Tensor& weight, const at::Tensor& bias, Body&& body) {
+  const auto gamma = parameter_or<W>(weight, cols, A(1));
+  const auto beta = parameter_or<W>(bias, cols, A(0));
+  at::parallel_for(0, rows, grain_rows(cols),
+                   [&](int64_t begin, int64_t end) { body(begin, end, gamma.data(), beta.data()); });
+}
+
 template <typename T, typename W>
 void forward_rows(const ForwardArgs& a) {
   using A = at::opmath_type<T>;
   using Vec = at::vec::Vectorized<A>;
   const int64_t cols = a.cols;
-  const auto gamma = parameter_or<W>(a.weight, cols, A(1));
-  const auto beta = parameter_or<W>(a.bias, cols, A(0));
   const T* x = a.input.const_data_ptr<T>();
   W* y = a.output.mutable_data_ptr<W>();
   A* mean_out = a.rms ? nullptr : a.mean.mutable_data_ptr<A>();
   A* invvar_out = a.invvar.mutable_data_ptr<A>();
   const auto plus = [](Vec u, Vec v) { return u + v; };
 
-  at::parallel_for(0, a.rows, grain_rows(cols), [&](int64_t begin, int64_t end) {
+  const auto normalize_rows = [&](int64_t begin, int64_t end, const A* gamma, const A* beta) {
     std::vector<A> row(cols);
     for (int64_t r = begin; r < end; ++r) {
       at::vec::convert(x + r * cols, row.data(), cols);
@@ -55,27 +63,26 @@ void forward_rows(const ForwardArgs& a) {
                     cols;
       const A invvar = A(1) / std::sqrt(var + static_cast<A>(a.eps));
       at::vec::map3<A>([mean, invvar](Vec v, Vec g, Vec b) { return (v - Vec(mean)) * Vec(invvar) * g + b; },
-                       row.data(), row.data(), gamma.data(), beta.data(), cols);
+                       row.data(), row.data(), gamma, beta, cols);
       at::vec::convert(row.data(), y + r * cols, cols);
       if (mean_out) mean_out[r] = mean;
       invvar_out[r] = invvar;
     }
-  });
+  };
+  for_row_ranges<W, A>(a.rows, cols, a.weight, a.bias, normalize_rows);
 }
 
 template <typename T, typename W>
 void backward_rows(const BackwardArgs& a) {
   using A = at::opmath_type<T>;
   using Vec = at::vec::Vectorized<A>;
+  const bool want_dgamma = a.grad_weight.defined(), want_dbeta = a.grad_bias.defined();
   const int64_t cols = a.cols;
-  const auto gamma = parameter_or<W>(a.weight, cols, A(1));
-  const auto beta = parameter_or<W>(a.bias, cols, A(0));
   const T* x_or_y = a.input_or_output.const_data_ptr<T>();
   const W* dy = a.grad_output.const_data_ptr<W>();
   T* dx = a.grad_input.mutable_data_ptr<T>();
   const A* mean = a.rms ? nullptr : a.mean.const_data_ptr<A>();
   const A* invvar = a.invvar.const_data_ptr<A>();
-  const bool want_dgamma = a.grad_weight.defined(), want_dbeta = a.grad_bias.defined();
   const auto plus = [](Vec u, Vec v) { return u + v; };
 
   // One row of weight/bias partial sums per worker thread, summed at the end (no sharing, no atomics).
@@ -83,7 +90,7 @@ void backward_rows(const BackwardArgs& a) {
   std::vector<A> dgamma_parts(want_dgamma ? workers * cols : 0, A(0));
   std::vector<A> dbeta_parts(want_dbeta ? workers * cols : 0, A(0));
 
-  at::parallel_for(0, a.rows, grain_rows(cols), [&](int64_t begin, int64_t end) {
+  const auto differentiate_rows = [&](int64_t begin, int64_t end, const A* gamma, const A* beta) {
     std::vector<A> xhat(cols), dy_row(cols), gdy(cols);
     A* dgamma = want_dgamma ? dgamma_parts.data() + at::get_thread_num() * cols : nullptr;
     A* dbeta = want_dbeta ? dbeta_parts.data() + at::get_thread_num() * cols : nullptr;
@@ -93,7 +100,7 @@ void backward_rows(const BackwardArgs& a) {
       const NormalizedInput<A> normalize{mean ? mean[r] : A(0), invvar[r], static_cast<A>(a.eps),
                                          a.memory_efficient, a.weight.defined(), a.bias.defined()};
       for (int64_t c = 0; c < cols; ++c) xhat[c] = normalize(xhat[c], gamma[c], beta[c]);
-      at::vec::map2<A>([](Vec g, Vec d) { return g * d; }, gdy.data(), gamma.data(), dy_row.data(), cols);
+      at::vec::map2<A>([](Vec g, Vec d) { return g * d; }, gdy.data(), gamma, dy_row.data(), cols);
       const A mean_gdy = a.rms ? A(0) : at::vec::reduce_all<A>(plus, gdy.data(), cols) / cols;
       const A mean_gdy_xhat =
           at::vec::map2_reduce_all<A>([](Vec g, Vec h) { return g * h; }, plus, gdy.data(), xhat.data(), cols) /
@@ -109,7 +116,8 @@ void backward_rows(const BackwardArgs& a) {
         for (int64_t c = 0; c < cols; ++c) dbeta[c] += dy_row[c];
       }
     }
-  });
+  };
+  for_row_ranges<W, A>(a.rows, cols, a.weight, a.bias, differentiate_rows);
 
   const auto reduce_parts = [&](const std::vector<A>& parts, const at::Tensor& out) {
     std::vector<A> total(cols, A(0));

@@ -4,6 +4,9 @@
 #include "layer_norm.h"
 #include "layer_norm_math.h"
 
+#include "apex/aligned_vector.cuh"
+#include "apex/check.h"
+
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/DeviceUtils.cuh>
@@ -16,8 +19,6 @@
 
 namespace apex::layer_norm::cuda {
 
-// Widest global load/store one thread issues (LDG.128 / STG.128).
-constexpr int kVecBytes = 16;
 // Threads per block the launchers aim for: several blocks per SM, so one block's
 // reductions overlap another's loads.
 constexpr int kBlockThreads = 256;
@@ -30,22 +31,6 @@ constexpr int kMaxWarps = kMaxThreads / C10_WARP_SIZE;
 template <typename T>
 using acc_t = at::opmath_type<T>;
 
-// Elements of T in one 16-byte vector.
-template <typename T>
-constexpr int vec_width() {
-  return kVecBytes / sizeof(T);
-}
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
-template <typename P>
-bool is_aligned(const P* ptr, size_t alignment) {
-  return reinterpret_cast<uintptr_t>(ptr) % alignment == 0;
-}
-
 // Sums K values over the blockDim.x threads that share one row (threadIdx.y picks the row);
 // every thread of the row gets the totals. Must be reached by every thread of the block.
 template <int K, typename A>
@@ -57,16 +42,20 @@ __device__ __forceinline__ void row_sum(A (&v)[K], A* scratch /* >= kMaxWarps * 
   }
   if (blockDim.x <= C10_WARP_SIZE) return;
   const int warps = blockDim.x / C10_WARP_SIZE;
+  const int lane = threadIdx.x % C10_WARP_SIZE;
   A* row_scratch = scratch + threadIdx.y * warps * K;
-  if (threadIdx.x % C10_WARP_SIZE == 0) {
+  if (lane == 0) {
 #pragma unroll
     for (int k = 0; k < K; ++k) row_scratch[(threadIdx.x / C10_WARP_SIZE) * K + k] = v[k];
   }
   __syncthreads();
+  // Every warp folds the per-warp totals itself (lane w takes warp w's): two registers per value,
+  // where a loop over the warps' totals would keep them all in registers at once.
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    v[k] = A(0);
-    for (int w = 0; w < warps; ++w) v[k] += row_scratch[w * K + k];
+  for (int k = 0; k < K; ++k) v[k] = lane < warps ? row_scratch[lane * K + k] : A(0);
+  for (int offset = C10_WARP_SIZE / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += WARP_SHFL_XOR(v[k], offset);
   }
   __syncthreads();  // the scratch is reused by the next call
 }
@@ -96,13 +85,14 @@ struct RowLayout {
 };
 
 // Register-resident layout for rows of `vecs` vectors, or nullopt if a row needs more than
-// max_items vectors (at most 8) on each of max_threads_per_row threads. Aims at 4 vectors per
-// thread (several loads in flight each) once a row fills a warp.
-inline std::optional<RowLayout> register_layout(int64_t vecs, int max_threads_per_row, int max_items = 8) {
+// max_items vectors (at most 8) on each of max_threads_per_row threads. Aims at target_items
+// vectors per thread (several loads in flight each) once a row fills a warp.
+inline std::optional<RowLayout> register_layout(int64_t vecs, int max_threads_per_row, int max_items = 8,
+                                                int target_items = 4) {
   const int warp = at::cuda::warp_size();
   for (int items : {1, 2, 4, 8}) {
     if (items > max_items) break;
-    if (items < 4 && vecs > int64_t(items) * warp) continue;
+    if (items < target_items && vecs > int64_t(items) * warp) continue;
     int64_t threads = (vecs + items - 1) / items;
     if (threads <= warp) {
       int pow2 = 1;
@@ -155,7 +145,7 @@ const P* data_or_null(const at::Tensor& t) {
 template <typename F>
 void on_device(const at::Tensor& tensor, int64_t cols, at::ScalarType input, at::ScalarType output, const char* name,
                F&& launch) {
-  TORCH_CHECK(cols <= INT32_MAX, std::string(name) + ": rows longer than 2^31 - 1 elements are not supported");
+  APEX_CHECK(cols <= INT32_MAX, name, ": rows longer than 2^31 - 1 elements are not supported");
   const c10::cuda::CUDAGuard guard(tensor.device());
   dispatch_dtypes(input, output, name, launch);
 }

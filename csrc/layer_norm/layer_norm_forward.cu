@@ -46,18 +46,18 @@ __device__ __forceinline__ void row_statistics(const ForwardParams<T, W>& p, int
 template <typename T, typename W, int ITEMS, bool RMS>
 __global__ void __launch_bounds__(kMaxRegisterRowThreads) forward_in_registers(ForwardParams<T, W> p) {
   using A = acc_t<T>;
-  constexpr int V = vec_width<T>();
+  constexpr int V = vector_width<T>();
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < p.rows;
   const int vecs = p.cols / V;
   const auto in_row = [&](int k) { return live && int(threadIdx.x) + k * int(blockDim.x) < vecs; };
-  const auto index = [&](int k) { return threadIdx.x + k * blockDim.x; };
+  // Element offset of the thread's k-th vector within a row.
+  const auto column = [&](int k) { return (int(threadIdx.x) + k * int(blockDim.x)) * V; };
 
-  Vec<T, V> x[ITEMS];
-  const auto* x_row = reinterpret_cast<const Vec<T, V>*>(p.x + row * p.cols);
+  AlignedVector<T, V> x[ITEMS];
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    if (in_row(k)) x[k] = x_row[index(k)];
+    if (in_row(k)) x[k] = load_vector<V>(p.x, row * p.cols + column(k));
   }
 
   const auto local_sum = [&] {
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kMaxRegisterRowThreads) forward_in_registers(F
     for (int k = 0; k < ITEMS; ++k) {
       if (!in_row(k)) continue;
 #pragma unroll
-      for (int j = 0; j < V; ++j) s += static_cast<A>(x[k].v[j]);
+      for (int j = 0; j < V; ++j) s += static_cast<A>(x[k].value[j]);
     }
     return s;
   };
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kMaxRegisterRowThreads) forward_in_registers(F
       if (!in_row(k)) continue;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const A d = static_cast<A>(x[k].v[j]) - mean;
+        const A d = static_cast<A>(x[k].value[j]) - mean;
         s += d * d;
       }
     }
@@ -86,23 +86,20 @@ __global__ void __launch_bounds__(kMaxRegisterRowThreads) forward_in_registers(F
   A mean, invvar;
   row_statistics<RMS>(p, row, live, local_sum, centered_sq, mean, invvar);
 
-  const auto* gamma = reinterpret_cast<const Vec<W, V>*>(p.gamma);
-  const auto* beta = reinterpret_cast<const Vec<W, V>*>(p.beta);
-  auto* y_row = reinterpret_cast<Vec<W, V>*>(p.y + row * p.cols);
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
     if (!in_row(k)) continue;
-    Vec<W, V> g, b, out;
-    if (gamma) g = gamma[index(k)];
-    if (beta) b = beta[index(k)];
+    AlignedVector<W, V> g, b, out;
+    if (p.gamma) g = load_vector<V>(p.gamma, column(k));
+    if (p.beta) b = load_vector<V>(p.beta, column(k));
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      A v = (static_cast<A>(x[k].v[j]) - mean) * invvar;
-      if (gamma) v *= static_cast<A>(g.v[j]);
-      if (beta) v += static_cast<A>(b.v[j]);
-      out.v[j] = static_cast<W>(v);
+      A v = (static_cast<A>(x[k].value[j]) - mean) * invvar;
+      if (p.gamma) v *= static_cast<A>(g.value[j]);
+      if (p.beta) v += static_cast<A>(b.value[j]);
+      out.value[j] = static_cast<W>(v);
     }
-    y_row[index(k)] = out;
+    store_vector<V>(p.y, row * p.cols + column(k), out);
   }
 }
 
@@ -151,10 +148,11 @@ void launch_forward(const ForwardArgs& a) {
                               a.rows,
                               static_cast<int>(a.cols),
                               static_cast<A>(a.eps)};
-  constexpr int V = vec_width<T>();
-  const bool vectorizable = !std::is_same_v<T, double> && a.cols % V == 0 && is_aligned(p.x, kVecBytes) &&
-                            is_aligned(p.y, alignof(Vec<W, V>)) && is_aligned(p.gamma, alignof(Vec<W, V>)) &&
-                            is_aligned(p.beta, alignof(Vec<W, V>));
+  constexpr int V = vector_width<T>();
+  constexpr size_t kOutputAlignment = alignof(AlignedVector<W, V>);
+  const bool vectorizable = !std::is_same_v<T, double> && a.cols % V == 0 && is_aligned(p.x) &&
+                            is_aligned(p.y, kOutputAlignment) && is_aligned(p.gamma, kOutputAlignment) &&
+                            is_aligned(p.beta, kOutputAlignment);
   const std::optional<RowLayout> layout =
       vectorizable ? register_layout(a.cols / V, kMaxRegisterRowThreads) : std::nullopt;
   const RowLayout shape = layout.value_or(streaming_layout(a.cols));

@@ -3,8 +3,6 @@
 
 #include "layer_norm.h"
 
-#include <string>
-
 namespace apex::layer_norm {
 
 TORCH_LIBRARY_FRAGMENT(apex, m) {
@@ -28,25 +26,8 @@ at::ScalarType statistics_dtype(at::ScalarType input_dtype) {
 
 namespace {
 
+// Prefix of every error message, so a failure names the op it came from.
 constexpr const char* kOp = "fused_layer_norm: ";
-
-// Error messages are assembled from strings before TORCH_CHECK sees them: c10::str of a single
-// std::string skips std::ostringstream, whose inlined integer formatting was seen to crash when
-// the extension's compiler ships a different libstdc++ than torch (a device image's /opt/gcc).
-template <typename... Parts>
-std::string message(const Parts&... parts) {
-  std::string out(kOp);
-  (out += ... += parts);
-  return out;
-}
-
-std::string shape(at::IntArrayRef sizes) {
-  std::string out = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
-  return out + "]";
-}
-
-const char* name_of(at::ScalarType t) { return c10::toString(t); }
 
 bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
@@ -55,10 +36,10 @@ bool is_supported_float(at::ScalarType t) {
 // Returns cols = prod(normalized_shape) after checking that it names input's trailing dims.
 int64_t check_normalized_shape(const at::Tensor& input, at::IntArrayRef normalized_shape, const char* what) {
   const auto ndim = static_cast<int64_t>(normalized_shape.size());
-  TORCH_CHECK(ndim >= 1, message("normalized_shape must name at least one dimension"));
-  TORCH_CHECK(input.dim() >= ndim && input.sizes().slice(input.dim() - ndim).equals(normalized_shape),
-              message("normalized_shape ", shape(normalized_shape), " must equal the trailing dimensions of ", what,
-                      " (shape ", shape(input.sizes()), ")"));
+  APEX_CHECK(ndim >= 1, kOp, "normalized_shape must name at least one dimension");
+  APEX_CHECK(input.dim() >= ndim && input.sizes().slice(input.dim() - ndim).equals(normalized_shape), kOp,
+             "normalized_shape ", normalized_shape, " must equal the trailing dimensions of ", what, " (shape ",
+             input.sizes(), ")");
   return c10::multiply_integers(normalized_shape);
 }
 
@@ -66,13 +47,11 @@ int64_t check_normalized_shape(const at::Tensor& input, at::IntArrayRef normaliz
 void check_parameter(const std::optional<at::Tensor>& p, const char* name, const at::Tensor& input,
                      at::IntArrayRef normalized_shape, at::ScalarType dtype) {
   if (!p.has_value() || !p->defined()) return;
-  TORCH_CHECK(p->device() == input.device(),
-              message(name, " is on ", p->device().str(), " but input is on ", input.device().str()));
-  TORCH_CHECK(p->sizes().equals(normalized_shape), message(name, " has shape ", shape(p->sizes()),
-                                                           " but normalized_shape is ", shape(normalized_shape)));
-  TORCH_CHECK(p->scalar_type() == dtype,
-              message(name, " has dtype ", name_of(p->scalar_type()), ", expected ", name_of(dtype),
-                      " (same as input, or float32 parameters with a half/bfloat16 input)"));
+  APEX_CHECK(p->device() == input.device(), kOp, name, " is on ", p->device(), " but input is on ", input.device());
+  APEX_CHECK(p->sizes().equals(normalized_shape), kOp, name, " has shape ", p->sizes(), " but normalized_shape is ",
+             normalized_shape);
+  APEX_CHECK(p->scalar_type() == dtype, kOp, name, " has dtype ", p->scalar_type(), ", expected ", dtype,
+             " (same as input, or float32 parameters with a half/bfloat16 input)");
 }
 
 // Output dtype rule (NVIDIA apex's forward_affine_mixed_dtypes): weight's dtype when given, which
@@ -83,10 +62,9 @@ at::ScalarType output_dtype(const at::Tensor& input, const std::optional<at::Ten
   if (!defining.has_value() || !defining->defined()) return input.scalar_type();
   const auto w = defining->scalar_type();
   const bool half_input = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(w == input.scalar_type() || (half_input && w == at::kFloat),
-              message("weight/bias dtype ", name_of(w), " is incompatible with input dtype ",
-                      name_of(input.scalar_type()),
-                      " (use the same dtype, or float32 parameters with a half/bfloat16 input)"));
+  APEX_CHECK(w == input.scalar_type() || (half_input && w == at::kFloat), kOp, "weight/bias dtype ", w,
+             " is incompatible with input dtype ", input.scalar_type(),
+             " (use the same dtype, or float32 parameters with a half/bfloat16 input)");
   return w;
 }
 
@@ -95,18 +73,16 @@ at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
 }
 
 void check_input(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(is_supported_float(t.scalar_type()),
-              message(name, " must be float32, float64, float16 or bfloat16, got ", name_of(t.scalar_type())));
-  TORCH_CHECK(t.numel() > 0, message(name, " is empty (shape ", shape(t.sizes()), ")"));
+  APEX_CHECK(is_supported_float(t.scalar_type()), kOp, name, " must be float32, float64, float16 or bfloat16, got ",
+             t.scalar_type());
+  APEX_CHECK(t.numel() > 0, kOp, name, " is empty (shape ", t.sizes(), ")");
 }
 
 void check_statistic(const at::Tensor& s, const char* name, int64_t rows, const at::Tensor& like) {
-  TORCH_CHECK(s.device() == like.device(),
-              message(name, " is on ", s.device().str(), " but grad_output is on ", like.device().str()));
-  TORCH_CHECK(s.numel() == rows, message(name, " has ", std::to_string(s.numel()),
-                                         " elements, expected one per row (", std::to_string(rows), ")"));
-  TORCH_CHECK(s.scalar_type() == at::kFloat || s.scalar_type() == at::kDouble,
-              message(name, " must be float32 or float64, got ", name_of(s.scalar_type())));
+  APEX_CHECK(s.device() == like.device(), kOp, name, " is on ", s.device(), " but grad_output is on ", like.device());
+  APEX_CHECK(s.numel() == rows, kOp, name, " has ", s.numel(), " elements, expected one per row (", rows, ")");
+  APEX_CHECK(s.scalar_type() == at::kFloat || s.scalar_type() == at::kDouble, kOp, name,
+             " must be float32 or float64, got ", s.scalar_type());
 }
 
 }  // namespace
@@ -142,23 +118,20 @@ BackwardArgs prepare_backward(const at::Tensor& grad_output, const std::optional
   BackwardArgs a;
   a.cols = check_normalized_shape(input_or_output, normalized_shape, "input_or_output");
   a.rows = input_or_output.numel() / a.cols;
-  TORCH_CHECK(grad_output.sizes().equals(input_or_output.sizes()),
-              message("grad_output has shape ", shape(grad_output.sizes()), " but input_or_output has shape ",
-                      shape(input_or_output.sizes())));
-  TORCH_CHECK(grad_output.device() == input_or_output.device(),
-              message("grad_output is on ", grad_output.device().str(), " but input_or_output is on ",
-                      input_or_output.device().str()));
+  APEX_CHECK(grad_output.sizes().equals(input_or_output.sizes()), kOp, "grad_output has shape ", grad_output.sizes(),
+             " but input_or_output has shape ", input_or_output.sizes());
+  APEX_CHECK(grad_output.device() == input_or_output.device(), kOp, "grad_output is on ", grad_output.device(),
+             " but input_or_output is on ", input_or_output.device());
   const auto out_dtype = output_dtype(input_or_output, weight, bias);
   // memory_efficient: input_or_output is the forward output, whose dtype already is the output dtype.
-  TORCH_CHECK(grad_output.scalar_type() == out_dtype,
-              message("grad_output has dtype ", name_of(grad_output.scalar_type()),
-                      ", expected the forward output's dtype ", name_of(out_dtype)));
+  APEX_CHECK(grad_output.scalar_type() == out_dtype, kOp, "grad_output has dtype ", grad_output.scalar_type(),
+             ", expected the forward output's dtype ", out_dtype);
   check_parameter(weight, "weight", input_or_output, normalized_shape, out_dtype);
   check_parameter(bias, "bias", input_or_output, normalized_shape, out_dtype);
   check_statistic(invvar, "invvar", a.rows, grad_output);
   const auto stats = statistics_dtype(input_or_output.scalar_type());
   if (!rms) {
-    TORCH_CHECK(mean.has_value() && mean->defined(), message("LayerNorm backward needs mean"));
+    APEX_CHECK(mean.has_value() && mean->defined(), kOp, "LayerNorm backward needs mean");
     check_statistic(*mean, "mean", a.rows, grad_output);
     a.mean = mean->contiguous().to(stats);
   }
