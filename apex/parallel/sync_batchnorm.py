@@ -8,18 +8,12 @@ from apex.parallel import _process_group
 from apex.parallel.sync_batchnorm_function import SyncBatchnormFunction
 
 
-def _to_channels_innermost(t: torch.Tensor) -> torch.Tensor:
-    """(N, C, *spatial) -> the (N, *spatial, C) view (no copy for channels_last-strided tensors)."""
-    return t.permute(0, *range(2, t.dim()), 1)
-
-
-def _from_channels_innermost(t: torch.Tensor) -> torch.Tensor:
-    return t.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
+_CHANNELS_LAST_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
 def _is_channels_last_strided(t: torch.Tensor) -> bool:
-    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
-    return t.dim() in formats and not t.is_contiguous() and t.is_contiguous(memory_format=formats[t.dim()])
+    memory_format = _CHANNELS_LAST_FORMATS.get(t.dim())
+    return memory_format is not None and not t.is_contiguous() and t.is_contiguous(memory_format=memory_format)
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -79,15 +73,14 @@ class SyncBatchNorm(_BatchNorm):
         if z is not None and z.shape != input.shape:
             raise ValueError(f"SyncBatchNorm: z must have the input's shape {tuple(input.shape)}, got {tuple(z.shape)}")
 
-        # Kernel layout: (*, C) contiguous ("channels innermost") or (N, C, *) contiguous.
-        restore = None
+        # Kernel layout: (*, C) contiguous ("channels innermost") or (N, C, *) contiguous. A
+        # channels_last-strided (N, C, *) input is "permuted": the function runs the
+        # channels-innermost kernels on its (N, *, C) view and returns a channels_last output.
+        permuted = False
         if self.channel_last or input.dim() == 2:
             channels_innermost = True
         elif _is_channels_last_strided(input):
-            channels_innermost = True
-            input = _to_channels_innermost(input)
-            z = _to_channels_innermost(z) if z is not None else None
-            restore = _from_channels_innermost
+            channels_innermost = permuted = True
         else:
             channels_innermost = False
         if (self.fuse_relu or z is not None) and not channels_innermost:
@@ -105,8 +98,6 @@ class SyncBatchNorm(_BatchNorm):
         running_mean = self.running_mean if self.track_running_stats else None
         running_var = self.running_var if self.track_running_stats else None
 
-        out = SyncBatchnormFunction.apply(
-            input.contiguous(), z.contiguous() if z is not None else None, self.weight, self.bias,
-            running_mean, running_var, self.eps, use_batch_stats, momentum, self.process_group, world_size,
-            channels_innermost, self.fuse_relu)
-        return restore(out) if restore else out
+        return SyncBatchnormFunction.apply(
+            input, z, self.weight, self.bias, running_mean, running_var, self.eps, use_batch_stats, momentum,
+            self.process_group, world_size, channels_innermost, permuted, self.fuse_relu)

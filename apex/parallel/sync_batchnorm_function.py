@@ -6,15 +6,21 @@ welford_parallel merges them into the global statistics - exact for any mix of
 per-rank batch sizes. Backward: each rank reduces sum(dy) and sum(dy * (x - mean)),
 one all_reduce makes them global, and the input gradient follows element-wise.
 
-Nothing here waits for the GPU: counts are written on the device (torch.full), never
-copied from the host, because a blocking host-to-device copy would stall the host
-until every queued kernel finished, leaving the GPU idle while the next launches are
-issued. For the same reason the forward queues its small side work (parameter
+Nothing here waits for the GPU: counts are written on the device (torch.full, kept
+for reuse), never copied from the host, because a blocking host-to-device copy would
+stall the host until every queued kernel finished, leaving the GPU idle while the next
+launches are issued. For the same reason the forward queues its small side work (parameter
 conversions before the statistics, running-statistics updates after the
 normalization) so that few host calls separate the two large kernels.
 
-Inputs reach this function already in a kernel layout: (N, C, *) contiguous, or
-(*, C) contiguous with ``channel_last=True``.
+A step is host-bound on a fast GPU (the kernels take less time than the Python,
+dispatcher and autograd work that launches them), so this function keeps the ops it
+dispatches few: a channels_last-strided (N, C, *) input is viewed as (N, *, C) here,
+not by permute nodes in the autograd graph; dtype conversions that
+would change nothing are not dispatched; the running statistics take one foreach op.
+
+Inputs arrive as (N, C, *), as (*, C) with ``channel_last=True``, or as (N, C, *) stored
+channels-last with ``permuted=True`` (the kernels then see its (N, *, C) view).
 """
 from __future__ import annotations
 
@@ -27,27 +33,62 @@ from apex.parallel._syncbn_ops import ops, statistics_dtype
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def _to_channels_innermost(t: torch.Tensor) -> torch.Tensor:
+    """(N, C, *spatial) -> the (N, *spatial, C) view (no copy for channels_last-strided tensors)."""
+    return t.permute(0, *range(2, t.dim()), 1)
+
+
+def _from_channels_innermost(t: torch.Tensor) -> torch.Tensor:
+    return t.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
+
+
+def _count_tensor(count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[count] on ``device``, filled there (torch.tensor([count]) would be a blocking host copy)."""
+    return torch.full((1,), count, dtype=dtype, device=device)
+
+
+def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``t`` in ``dtype``; no dispatcher round trip when it already is (fp32 parameters and statistics)."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
 def _gather_statistics(mean, var_biased, count, group, world_size):
     """[world, C] means and biased variances and [world] counts of every rank in ``group``."""
     channels = mean.numel()
     # One float64 row per rank, [mean | var | count]: float64 carries counts exactly and
     # loses nothing of float32 statistics (cat promotes the float32 parts).
-    local = torch.cat([mean, var_biased, torch.full((1,), count, dtype=torch.float64, device=mean.device)])
+    local = torch.cat([mean, var_biased, _count_tensor(count, torch.float64, mean.device)])
     table = local.new_empty(world_size * local.numel())  # flat: the form every backend accepts
     _all_gather_flat(table, local, group=group)
     means, variances, counts = table.view(world_size, -1).split([channels, channels, 1], dim=1)
-    return means.to(mean.dtype), variances.to(mean.dtype), counts.view(-1).long()  # exact: whole numbers
+    return _cast(means, mean.dtype), _cast(variances, mean.dtype), counts.view(-1).long()  # exact: whole numbers
+
+
+def _update_running_stats(running_mean, running_var, mean, var, momentum):
+    """running = lerp(running, batch statistic, momentum), as torch.nn.BatchNorm (var unbiased)."""
+    mean, var = _cast(mean, running_mean.dtype), _cast(var, running_var.dtype)
+    if isinstance(momentum, torch.Tensor):  # momentum=None: 1 / num_batches_tracked, on the device
+        running_mean.lerp_(mean, momentum)
+        running_var.lerp_(var, momentum)
+    else:
+        torch._foreach_lerp_([running_mean, running_var], [mean, var], momentum)
 
 
 class SyncBatchnormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, z, weight, bias, running_mean, running_var, eps, use_batch_stats, momentum,
-                process_group, world_size, channel_last, fuse_relu):
+                process_group, world_size, channel_last, permuted, fuse_relu):
         apex = ops()
+        if permuted:
+            input = _to_channels_innermost(input)
+            z = _to_channels_innermost(z) if z is not None else None
+        input = input.contiguous()
+        z = z.contiguous() if z is not None else None
         channels = input.size(-1) if channel_last else input.size(1)
         # The kernels read affine parameters in the statistics dtype; converted once, here,
         # and kept for backward.
-        weight_acc, bias_acc = (t.to(statistics_dtype(input.dtype)) if t is not None else None for t in (weight, bias))
+        accumulate_dtype = statistics_dtype(input.dtype)
+        weight_acc, bias_acc = _cast(weight, accumulate_dtype), _cast(bias, accumulate_dtype)
         if use_batch_stats:
             welford = apex.syncbn_welford_mean_var_c_last if channel_last else apex.syncbn_welford_mean_var
             mean, var_biased = welford(input)
@@ -59,34 +100,40 @@ class SyncBatchnormFunction(torch.autograd.Function):
                     raise ValueError(f"SyncBatchNorm: expected more than 1 value per channel when training, got input "
                                      f"of shape {tuple(input.shape)}")
                 means, variances = mean.unsqueeze(0), var_biased.unsqueeze(0)
-                counts = torch.full((1,), local_count, dtype=torch.long, device=input.device)
+                counts = _count_tensor(local_count, torch.long, input.device)
             mean, var, inv_std = apex.syncbn_welford_parallel(means, variances, counts, eps)
         else:
-            mean = running_mean.to(statistics_dtype(input.dtype))
-            inv_std = torch.rsqrt(running_var.to(mean.dtype) + eps)
+            mean = _cast(running_mean, accumulate_dtype)
+            inv_std = torch.rsqrt(_cast(running_var, accumulate_dtype) + eps)
             counts = None
 
         if channel_last:
             out = apex.syncbn_batchnorm_forward_c_last(input, z, mean, inv_std, weight_acc, bias_acc, fuse_relu)
         else:
             out = apex.syncbn_batchnorm_forward(input, mean, inv_std, weight_acc, bias_acc)
-        if use_batch_stats and running_mean is not None:
-            with torch.no_grad():
-                running_mean.lerp_(mean.to(running_mean.dtype), momentum)
-                running_var.lerp_(var.to(running_var.dtype), momentum)
-        ctx.save_for_backward(input, z, weight, weight_acc, bias_acc, mean, inv_std, counts)
+        if use_batch_stats and running_mean is not None:  # forward runs without grad recording
+            _update_running_stats(running_mean, running_var, mean, var, momentum)
+        if fuse_relu:
+            ctx.save_for_backward(input, weight, weight_acc, mean, inv_std, counts, z, bias_acc)
+        else:
+            ctx.save_for_backward(input, weight, weight_acc, mean, inv_std, counts)
         ctx.process_group, ctx.world_size = process_group, world_size
-        ctx.channel_last, ctx.fuse_relu = channel_last, fuse_relu
-        return out
+        ctx.channel_last, ctx.permuted, ctx.fuse_relu, ctx.has_z = channel_last, permuted, fuse_relu, z is not None
+        # The kernel's (N, *, C) output seen as (N, C, *); detached, so it is a plain output of
+        # this function, not a view of a tensor made inside it (which in-place ops would reject).
+        return _from_channels_innermost(out).detach() if permuted else out
 
     @staticmethod
     def backward(ctx, grad_output):
         apex = ops()
-        input, z, weight, weight_acc, bias_acc, mean, inv_std, counts = ctx.saved_tensors
+        input, weight, weight_acc, mean, inv_std, counts, *relu_saved = ctx.saved_tensors
+        if ctx.permuted:
+            grad_output = _to_channels_innermost(grad_output)
         grad_output = grad_output.contiguous()
         if ctx.fuse_relu:
+            z, bias_acc = relu_saved
             grad_output = apex.syncbn_relu_bw_c_last(grad_output, input, z, mean, inv_std, weight_acc, bias_acc)
-        grad_z = grad_output.clone() if z is not None and ctx.needs_input_grad[1] else None
+        grad_z = grad_output.clone() if ctx.has_z and ctx.needs_input_grad[1] else None
 
         reduce_bn = apex.syncbn_reduce_bn_c_last if ctx.channel_last else apex.syncbn_reduce_bn
         # The parameter's own weight: grad_weight and grad_bias come back in its dtype.
@@ -97,7 +144,7 @@ class SyncBatchnormFunction(torch.autograd.Function):
             if counts is None:
                 # Running statistics are constants: dx = dy * inv_std * weight.
                 sum_dy, sum_dy_xmu = torch.zeros_like(sum_dy), torch.zeros_like(sum_dy_xmu)
-                counts = torch.ones(1, dtype=torch.long, device=input.device)
+                counts = _count_tensor(1, torch.long, input.device)
             elif ctx.world_size > 1:
                 combined = torch.cat([sum_dy, sum_dy_xmu])
                 dist.all_reduce(combined, op=dist.ReduceOp.SUM, group=ctx.process_group)
@@ -105,8 +152,11 @@ class SyncBatchnormFunction(torch.autograd.Function):
             backward = apex.syncbn_batchnorm_backward_c_last if ctx.channel_last else apex.syncbn_batchnorm_backward
             grad_input = backward(grad_output, input, mean, inv_std, weight_acc, sum_dy, sum_dy_xmu, counts)
 
-        if weight is None or not ctx.needs_input_grad[2]:
+        if not ctx.needs_input_grad[2]:  # also when there is no weight (None inputs need no grad)
             grad_weight = None
-        if bias_acc is None or not ctx.needs_input_grad[3]:
+        if not ctx.needs_input_grad[3]:
             grad_bias = None
-        return grad_input, grad_z, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None
+        if ctx.permuted:
+            grad_input = _from_channels_innermost(grad_input) if grad_input is not None else None
+            grad_z = _from_channels_innermost(grad_z) if grad_z is not None else None
+        return grad_input, grad_z, grad_weight, grad_bias, *(None,) * 10

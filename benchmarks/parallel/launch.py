@@ -1,4 +1,5 @@
-"""Start one NCCL process per GPU on this machine for a benchmark (no torchrun needed)."""
+"""Start one process per rank on this machine for a benchmark (no torchrun needed):
+NCCL with one GPU each, or gloo on the CPU."""
 from __future__ import annotations
 
 import os
@@ -15,16 +16,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world_size: int, port: int, fn, args) -> None:
+def _rank_main(rank: int, world_size: int, port: int, device: str, fn, args) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
+    else:
+        torch.set_num_threads(1)  # the ranks share the machine's cores
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, *args)
     finally:
         dist.destroy_process_group()
 
 
+def run_on_ranks(fn, world_size: int, device: str, *args) -> None:
+    """``fn(rank, world_size, *args)`` in ``world_size`` processes joined in one group
+    (NCCL, one GPU each, for device "cuda"; gloo for "cpu")."""
+    mp.spawn(_rank_main, args=(world_size, free_port(), device, fn, args), nprocs=world_size)
+
+
 def run_on_gpus(fn, gpus: int, *args) -> None:
     """``fn(rank, world_size, *args)`` in ``gpus`` processes joined in one NCCL group."""
-    mp.spawn(_rank_main, args=(gpus, free_port(), fn, args), nprocs=gpus)
+    run_on_ranks(fn, gpus, "cuda", *args)
