@@ -3,6 +3,11 @@
 The ops themselves (schemas, CPU and CUDA kernels) are compiled C++ (csrc/layer_norm/);
 loading that module defines them. This file adds what torch needs around them: fake
 implementations (shapes and dtypes, for tracing) and the backward formulas.
+
+The formulas serve two ways in: ``torch.library.register_autograd`` on the forward ops (what
+torch.compile, export and torch.func see), and plain autograd Functions for eager calls, which
+cost far less host time per call (``run`` picks one; benchmarks/normalization/host_overhead_norms.py
+measures).
 """
 from __future__ import annotations
 
@@ -76,29 +81,73 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(kept, *output[1:], weight, bias)
 
 
-def _layer_norm_backward(ctx, grad_output, grad_mean, grad_invvar):
+def _in_input_dtype(ctx, grad_input: torch.Tensor) -> torch.Tensor:
+    # memory_efficient with float32 parameters: the kept output is float32, the input was not.
+    # (A same-dtype .to() is no work but still ~1 µs of argument parsing.)
+    return grad_input if grad_input.dtype == ctx.input_dtype else grad_input.to(ctx.input_dtype)
+
+
+def _layer_norm_backward(ctx, grad_output, grad_mean=None, grad_invvar=None):
     if grad_output is None:  # only mean / invvar were used
         return None, None, None, None, None, None
     kept, mean, invvar, weight, bias = ctx.saved_tensors
     grad_input, grad_weight, grad_bias = torch.ops.apex.layer_norm_bwd(
         grad_output, mean, invvar, kept, ctx.normalized_shape, weight, bias, ctx.eps, ctx.memory_efficient)
-    # memory_efficient with float32 parameters: the kept output is float32, the input was not.
-    return (grad_input.to(ctx.input_dtype), None, grad_weight if weight is not None else None,
+    return (_in_input_dtype(ctx, grad_input), None, grad_weight if weight is not None else None,
             grad_bias if bias is not None else None, None, None)
 
 
-def _rms_norm_backward(ctx, grad_output, grad_invvar):
+def _rms_norm_backward(ctx, grad_output, grad_invvar=None):
     if grad_output is None:  # only invvar was used
         return None, None, None, None, None
     kept, invvar, weight, _ = ctx.saved_tensors
     grad_input, grad_weight = torch.ops.apex.rms_norm_bwd(
         grad_output, invvar, kept, ctx.normalized_shape, weight, ctx.eps, ctx.memory_efficient)
-    return grad_input.to(ctx.input_dtype), None, grad_weight if weight is not None else None, None, None
+    return _in_input_dtype(ctx, grad_input), None, grad_weight if weight is not None else None, None, None
+
+
+# The backward formula of each forward op, for both ways in.
+_BACKWARD = {"layer_norm_fwd": _layer_norm_backward, "rms_norm_fwd": _rms_norm_backward}
 
 
 def _register() -> None:
     for name, fake in (("layer_norm_fwd", _layer_norm_fwd_fake), ("rms_norm_fwd", _rms_norm_fwd_fake),
                        ("layer_norm_bwd", _layer_norm_bwd_fake), ("rms_norm_bwd", _rms_norm_bwd_fake)):
         torch.library.register_fake(f"apex::{name}", fake)
-    torch.library.register_autograd("apex::layer_norm_fwd", _layer_norm_backward, setup_context=_setup_context)
-    torch.library.register_autograd("apex::rms_norm_fwd", _rms_norm_backward, setup_context=_setup_context)
+    for name, backward in _BACKWARD.items():
+        torch.library.register_autograd(f"apex::{name}", backward, setup_context=_setup_context)
+
+
+def run(op_name: str, args) -> torch.Tensor:
+    """``torch.ops.apex.<op_name>(*args)[0]`` (layer_norm_fwd or rms_norm_fwd) with autograd, at the least host cost.
+
+    Traced (torch.compile, export) or under torch.func, the custom op with its registered autograd
+    is what those systems understand. Plain eager calls take NormFunction (the same op and
+    formula in a plain autograd.Function: register_autograd's Python machinery, which fills
+    default arguments, builds a Function and redispatches, costs ~100 µs per forward+backward),
+    or, with grad mode off, the bare kernel.
+    """
+    op = getattr(torch.ops.apex, op_name)
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return op(*args)[0]
+    if torch.is_grad_enabled():
+        return NormFunction.apply(op, _BACKWARD[op_name], *args)
+    with torch._C._AutoDispatchBelowAutograd():  # no graph to record
+        return op(*args)[0]
+
+
+class NormFunction(torch.autograd.Function):
+    """Eager autograd of a forward op: apply(op, its backward formula, *op inputs) -> the op's output."""
+
+    @staticmethod
+    def forward(ctx, op, backward, *inputs):
+        with torch._C._AutoDispatchBelowAutograd():  # skip the op's own (register_autograd) kernel
+            outputs = op(*inputs)
+        _setup_context(ctx, inputs, outputs)
+        ctx.backward_formula = backward
+        # The output only: mean / invvar stay in ctx, so autograd tracks one tensor instead of three.
+        return outputs[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return None, None, *ctx.backward_formula(ctx, grad_output)

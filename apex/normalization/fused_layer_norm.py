@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import nn
 
-from apex.normalization._ops import ensure_loaded
+from apex.normalization._ops import ensure_loaded, run
 
 _Shape = Union[int, Sequence[int], torch.Size]
 
@@ -31,6 +31,9 @@ def _as_shape(normalized_shape: _Shape) -> list[int]:
 
 
 def _autocast(input: torch.Tensor, *params: Optional[torch.Tensor]):
+    # One C call decides the common case; input.device.type and the per-device query cost ~5 µs a call.
+    if not torch._C._is_any_autocast_enabled():
+        return (input, *params)
     device_type = input.device.type
     if not torch.is_autocast_enabled(device_type):
         return (input, *params)
@@ -42,46 +45,46 @@ def _cast_param(param: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[t
     return param if param is None or param.dtype == dtype else param.to(dtype)
 
 
-def _normalize(input, normalized_shape, weight, bias, eps, memory_efficient, *, rms: bool, mixed: bool):
+def _normalize(input, shape: Sequence[int], weight, bias, eps, memory_efficient, *, rms: bool, mixed: bool):
+    """The norm of input over ``shape``: normalized_shape as ints, already through ``_as_shape`` (modules keep it)."""
     if not torch.compiler.is_compiling():
         ensure_loaded()
     input, weight, bias = _autocast(input, weight, bias)
     if not mixed and input.is_floating_point():
         weight, bias = _cast_param(weight, input.dtype), _cast_param(bias, input.dtype)
-    shape = _as_shape(normalized_shape)
     if rms:
-        return torch.ops.apex.rms_norm_fwd(input, shape, weight, eps, memory_efficient)[0]
-    return torch.ops.apex.layer_norm_fwd(input, shape, weight, bias, eps, memory_efficient)[0]
+        return run("rms_norm_fwd", (input, shape, weight, eps, memory_efficient))
+    return run("layer_norm_fwd", (input, shape, weight, bias, eps, memory_efficient))
 
 
 def fused_layer_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
     """LayerNorm without affine parameters: ``(x - mean) / sqrt(var + eps)`` over normalized_shape."""
-    return _normalize(input, normalized_shape, None, None, eps, memory_efficient, rms=False, mixed=False)
+    return _normalize(input, _as_shape(normalized_shape), None, None, eps, memory_efficient, rms=False, mixed=False)
 
 
 def fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6, memory_efficient=False):
     """LayerNorm with ``weight``/``bias`` of shape normalized_shape; output in input's dtype."""
-    return _normalize(input, normalized_shape, weight, bias, eps, memory_efficient, rms=False, mixed=False)
+    return _normalize(input, _as_shape(normalized_shape), weight, bias, eps, memory_efficient, rms=False, mixed=False)
 
 
 def mixed_dtype_fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6, memory_efficient=False):
     """LayerNorm with ``weight``/``bias`` (float32 allowed with a half/bfloat16 input); output in weight's dtype."""
-    return _normalize(input, normalized_shape, weight, bias, eps, memory_efficient, rms=False, mixed=True)
+    return _normalize(input, _as_shape(normalized_shape), weight, bias, eps, memory_efficient, rms=False, mixed=True)
 
 
 def fused_rms_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
     """RMSNorm without weight: ``x / sqrt(mean(x^2) + eps)`` over normalized_shape."""
-    return _normalize(input, normalized_shape, None, None, eps, memory_efficient, rms=True, mixed=False)
+    return _normalize(input, _as_shape(normalized_shape), None, None, eps, memory_efficient, rms=True, mixed=False)
 
 
 def fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6, memory_efficient=False):
     """RMSNorm with ``weight`` of shape normalized_shape; output in input's dtype."""
-    return _normalize(input, normalized_shape, weight, None, eps, memory_efficient, rms=True, mixed=False)
+    return _normalize(input, _as_shape(normalized_shape), weight, None, eps, memory_efficient, rms=True, mixed=False)
 
 
 def mixed_dtype_fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6, memory_efficient=False):
     """RMSNorm with ``weight`` (float32 allowed with a half/bfloat16 input); output in weight's dtype."""
-    return _normalize(input, normalized_shape, weight, None, eps, memory_efficient, rms=True, mixed=True)
+    return _normalize(input, _as_shape(normalized_shape), weight, None, eps, memory_efficient, rms=True, mixed=True)
 
 
 class _FusedNorm(nn.Module):
