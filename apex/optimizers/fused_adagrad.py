@@ -47,7 +47,7 @@ class FusedAdagrad(FusedOptimizer):
     def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         self._ensure_state(group, params)
         # Adagrad's math needs no step count; it is kept for torch.optim.Adagrad's state layout.
-        torch._foreach_add_([self.state[p]["step"] for p in params], 1)
+        self._advance_steps(params)
         multi_tensor_applier(
             amp_c().multi_tensor_adagrad, self._noop_flag(params[0].device), self._tensor_lists(params, "sum"),
             group["lr"], group["eps"], self.adagrad_w_mode, group["weight_decay"],

@@ -80,12 +80,21 @@ class FusedNovoGrad(FusedOptimizer):
         beta1, beta2 = group["betas"]
         flag = self._noop_flag(params[0].device)
         for step, same_step in self._advance_steps(params).items():
-            grads, weights, exp_avgs, norm_states = self._tensor_lists(same_step, "exp_avg", "exp_avg_sq")
-            # The kernel blends the new norms into one float32 vector in place.
-            norms = torch.stack(norm_states)
             multi_tensor_applier(
-                amp_c().multi_tensor_novograd, flag, [grads, weights, exp_avgs], norms, group["lr"], beta1, beta2,
-                group["eps"], step, 1 if group["bias_correction"] else 0, group["weight_decay"],
-                1 if group["grad_averaging"] else 0, self.moment_mode, group["norm_type"],
+                amp_c().multi_tensor_novograd, flag, self._tensor_lists(same_step, "exp_avg"), self._norms(same_step),
+                group["lr"], beta1, beta2, group["eps"], step, 1 if group["bias_correction"] else 0,
+                group["weight_decay"], 1 if group["grad_averaging"] else 0, self.moment_mode, group["norm_type"],
             )  # fmt: skip
-            torch._foreach_copy_(norm_states, list(norms.unbind()))
+
+    def _norms(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """The params' ``state['exp_avg_sq']`` as views of one float32 vector, which the kernel
+        blends the new grad norms into in place (kept between steps like the launch lists)."""
+        memo = self._memo(params)
+        norms = None if memo is None else memo.get("norms")
+        if norms is None:
+            norms = torch.stack([self.state[p]["exp_avg_sq"] for p in params])
+            for param, view in zip(params, norms.unbind()):
+                self.state[param]["exp_avg_sq"] = view
+            if memo is not None:
+                memo["norms"] = norms
+        return norms

@@ -76,7 +76,7 @@ class FusedSGD(FusedOptimizer):
         self.scale_set_by_backward = False
 
     def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        self._launch(group, [[p.grad for p in params], params])
+        self._launch(group, [self._grads(params), params])
 
     def _step_amp_masters(self, stash: Any) -> None:
         """apex.amp O2: the groups hold fp32 masters of the fp16 model params (and fp32 params)."""
@@ -99,6 +99,11 @@ class FusedSGD(FusedOptimizer):
         or blends into it, so params with and without a buffer go in separate launches.
         """
         params = lists[1]
+        memo = self._memo(params)
+        buffers = None if memo is None else memo.get("momentum_buffers")
+        if buffers is not None:  # every param has had its buffer since an earlier step
+            self._launch_sgd(group, [lists[0], params, buffers, *lists[2:]], first_run=False)
+            return
         is_new = ["momentum_buffer" not in self.state[p] for p in params]
         for first_run in (True, False):
             picked = [i for i, new in enumerate(is_new) if new == first_run]
@@ -109,8 +114,13 @@ class FusedSGD(FusedOptimizer):
                 for param in weights:
                     self.state[param]["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
             buffers = [self.state[p]["momentum_buffer"] for p in weights]
-            multi_tensor_applier(
-                amp_c().multi_tensor_sgd, self._noop_flag(weights[0].device), [grads, weights, buffers, *model_copies],
-                group["weight_decay"], group["momentum"], group["dampening"], group["lr"], group["nesterov"],
-                first_run, self.wd_after_momentum, 1.0 / self.most_recent_scale,
-            )  # fmt: skip
+            self._launch_sgd(group, [grads, weights, buffers, *model_copies], first_run)
+        if memo is not None:
+            memo["momentum_buffers"] = [self.state[p]["momentum_buffer"] for p in params]
+
+    def _launch_sgd(self, group: dict[str, Any], lists: list[list[torch.Tensor]], first_run: bool) -> None:
+        multi_tensor_applier(
+            amp_c().multi_tensor_sgd, self._noop_flag(lists[1][0].device), lists, group["weight_decay"],
+            group["momentum"], group["dampening"], group["lr"], group["nesterov"], first_run, self.wd_after_momentum,
+            1.0 / self.most_recent_scale,
+        )  # fmt: skip

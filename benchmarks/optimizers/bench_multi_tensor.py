@@ -6,8 +6,11 @@ embedding table holding the 50304 token rows, the 1024 position rows and the fin
 (51330x1024), so the parameter count matches GPT-2 medium's.
 
 Rows: an AdamW step (28 bytes/param: read p, g, m, v; write p, m, v), the global grad L2 norm
-(4 bytes/param) and amp's unscale with inf/nan check (8 bytes/param), each as % of the
-measured device copy bandwidth.
+(4 bytes/param) and amp's unscale with inf/nan check (8 bytes/param, read and written in
+place), each as % of the measured device copy bandwidth. The "1 flat" rows run the same amp_C
+kernel, and PyTorch's equivalent, on one tensor of the same size: the gap to the 289-tensor
+rows is what the many tensors cost (mostly host time before the kernel starts, which the timed
+region includes), and the torch rows show what a single big tensor reaches with the same bytes.
 
     python benchmarks/optimizers/bench_multi_tensor.py
 """
@@ -52,6 +55,21 @@ def main():
     adam_bytes = 28 * numel
     table.add("AdamW step", "amp_C.multi_tensor_adam", time_ms(amp_c_adam), adam_bytes)
     del exp_avgs, exp_avg_sqs
+    flat_grads, flat_params = (torch.cat([t.flatten() for t in ts]) for ts in (grads, params))
+    flat = [[flat_grads], [flat_params], [torch.zeros_like(flat_params)], [torch.zeros_like(flat_params)]]
+
+    def amp_c_adam_flat():
+        step[0] += 1
+        amp_C.multi_tensor_adam(CHUNK, flag, flat, LR, *BETAS, EPS, step[0], 1, 1, WD)
+
+    table.add("AdamW step", "amp_C, 1 flat", time_ms(amp_c_adam_flat), adam_bytes)
+    del flat
+    leaf = flat_params.requires_grad_()
+    leaf.grad = flat_grads
+    opt = torch.optim.AdamW([leaf], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
+    table.add("AdamW step", "torch fused, 1 flat", time_ms(opt.step), adam_bytes)
+    del opt, leaf, flat_params
+    torch.cuda.empty_cache()
 
     def torch_adamw(**kind):
         leaves = [p.clone().requires_grad_() for p in params]
@@ -81,6 +99,10 @@ def main():
     norm_bytes = 4 * numel
     table.add("grad L2 norm", "amp_C.multi_tensor_l2norm",
               time_ms(lambda: amp_C.multi_tensor_l2norm(CHUNK, flag, [grads], True)), norm_bytes)
+    table.add("grad L2 norm", "amp_C, 1 flat",
+              time_ms(lambda: amp_C.multi_tensor_l2norm(CHUNK, flag, [[flat_grads]], True)), norm_bytes)
+    table.add("grad L2 norm", "torch norm, 1 flat", time_ms(lambda: torch.linalg.vector_norm(flat_grads)),
+              norm_bytes)
     table.add("grad L2 norm", "torch._foreach_norm",
               time_ms(lambda: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))), norm_bytes)
 
@@ -90,6 +112,10 @@ def main():
     found_inf = torch.zeros(1, device=device)
     table.add("unscale + inf check", "amp_C.multi_tensor_scale",
               time_ms(lambda: amp_C.multi_tensor_scale(CHUNK, flag, [grads, grads], 1.0)), unscale_bytes)
+    table.add("unscale + inf check", "amp_C, 1 flat",
+              time_ms(lambda: amp_C.multi_tensor_scale(CHUNK, flag, [[flat_grads], [flat_grads]], 1.0)),
+              unscale_bytes)
+    table.add("unscale + inf check", "torch mul_, 1 flat", time_ms(lambda: flat_grads.mul_(1.0)), unscale_bytes)
     table.add("unscale + inf check", "torch._amp_foreach_...",
               time_ms(lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)),
               unscale_bytes)

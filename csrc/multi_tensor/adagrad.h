@@ -31,15 +31,15 @@ void multi_tensor_adagrad(int64_t chunk_size, const at::Tensor& noop_flag, at::T
                           at::TensorList params, at::TensorList state_sums, double lr, double epsilon, int64_t mode,
                           double weight_decay) {
   constexpr const char* kName = "multi_tensor_adagrad";
-  TORCH_CHECK(mode == kAdagradL2 || mode == kAdagradDecoupled, kName, ": mode must be 0 (L2) or 1 (decoupled), got ",
-              mode);
+  APEX_CHECK(mode == kAdagradL2 || mode == kAdagradDecoupled, kName, ": mode must be 0 (L2) or 1 (decoupled), got ",
+             mode);
   AdagradFunctor op;
   op.lr = static_cast<float>(lr);
   op.epsilon = static_cast<float>(epsilon);
   op.weight_decay = static_cast<float>(weight_decay);
   op.mode = static_cast<int>(mode);
   const auto dtype = list_dtype(kName, params, "params");
-  TORCH_CHECK(list_dtype(kName, grads, "grads") == dtype, kName, ": grads must have the params' dtype");
+  APEX_CHECK(list_dtype(kName, grads, "grads") == dtype, kName, ": grads must have the params' dtype");
   dispatch_param_state(kName, dtype, list_dtype(kName, state_sums, "state_sums"), [&](auto p, auto s) {
     using P = typename decltype(p)::type;
     using S = typename decltype(s)::type;

@@ -81,8 +81,8 @@ struct AdamCapturableFunctor : FunctorBase<AdamCapturableFunctor> {
 
 inline AdamScalars adam_scalars(double lr, double beta1, double beta2, double epsilon, int64_t mode,
                                 double weight_decay) {
-  TORCH_CHECK(mode == kAdamL2 || mode == kAdamDecoupled, "multi_tensor_adam: mode must be 0 (L2, Adam) or 1 ",
-              "(decoupled weight decay, AdamW), got ", mode);
+  APEX_CHECK(mode == kAdamL2 || mode == kAdamDecoupled, "multi_tensor_adam: mode must be 0 (L2, Adam) or 1 ",
+             "(decoupled weight decay, AdamW), got ", mode);
   AdamScalars s;
   s.lr = static_cast<float>(lr);
   s.beta1 = static_cast<float>(beta1);
@@ -102,10 +102,10 @@ void multi_tensor_adam(int64_t chunk_size, const at::Tensor& noop_flag, at::Tens
   op.s = adam_scalars(lr, beta1, beta2, epsilon, mode, weight_decay);
   op.s.set_step(static_cast<float>(step), bias_correction == 1);
   const auto param_dtype = list_dtype(kName, params, "params");
-  TORCH_CHECK(list_dtype(kName, grads, "grads") == param_dtype, kName, ": grads must have the params' dtype");
+  APEX_CHECK(list_dtype(kName, grads, "grads") == param_dtype, kName, ": grads must have the params' dtype");
   const auto state_dtype = list_dtype(kName, exp_avgs, "exp_avgs");
-  TORCH_CHECK(list_dtype(kName, exp_avg_sqs, "exp_avg_sqs") == state_dtype, kName,
-              ": exp_avgs and exp_avg_sqs must share one dtype");
+  APEX_CHECK(list_dtype(kName, exp_avg_sqs, "exp_avg_sqs") == state_dtype, kName,
+             ": exp_avgs and exp_avg_sqs must share one dtype");
   dispatch_param_state<true>(kName, param_dtype, state_dtype, [&](auto p, auto s) {
     using P = typename decltype(p)::type;
     using S = typename decltype(s)::type;
@@ -135,10 +135,10 @@ void adam_capturable(const char* name, int64_t chunk_size, const at::Tensor& noo
   op.has_master = !master_params.empty();
 
   const auto param_dtype = list_dtype(name, params, "params");
-  TORCH_CHECK(list_dtype(name, grads, "grads") == param_dtype, name, ": grads must have the params' dtype");
+  APEX_CHECK(list_dtype(name, grads, "grads") == param_dtype, name, ": grads must have the params' dtype");
   const auto state_dtype = list_dtype(name, exp_avgs, "exp_avgs");
-  TORCH_CHECK(list_dtype(name, exp_avg_sqs, "exp_avg_sqs") == state_dtype, name,
-              ": exp_avgs and exp_avg_sqs must share one dtype");
+  APEX_CHECK(list_dtype(name, exp_avg_sqs, "exp_avg_sqs") == state_dtype, name,
+             ": exp_avgs and exp_avg_sqs must share one dtype");
   if (master_params.empty()) {
     dispatch_param_state(name, param_dtype, state_dtype, [&](auto p, auto s) {
       using P = typename decltype(p)::type;
@@ -148,8 +148,8 @@ void adam_capturable(const char* name, int64_t chunk_size, const at::Tensor& noo
     });
     return;
   }
-  TORCH_CHECK(state_dtype == at::kFloat && list_dtype(name, master_params, "master_params") == at::kFloat, name,
-              ": master params and optimizer states must be float32");
+  APEX_CHECK(state_dtype == at::kFloat && list_dtype(name, master_params, "master_params") == at::kFloat, name,
+             ": master params and optimizer states must be float32");
   dispatch_floating(param_dtype, name, "params", [&](auto p) {
     using P = typename decltype(p)::type;
     Engine::template elementwise<TypeList<P, P, float, float, float>>(

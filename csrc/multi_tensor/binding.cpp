@@ -10,12 +10,12 @@
 #include "novograd.h"
 #include "scale.h"
 #include "sgd.h"
+#include "tensor_lists_arg.h"
 #include "update_scale_hysteresis.h"
 
 namespace apex::multi_tensor {
 namespace {
 
-using TensorLists = std::vector<std::vector<at::Tensor>>;
 using Tensor = at::Tensor;
 
 // Stands in for an engine: only the signatures of the op templates are taken from it.
@@ -31,16 +31,24 @@ decltype(auto) call_op(const char* name, Args&&... args) {
       .call(std::forward<Args>(args)...);
 }
 
-// The lists of apex's tensor_lists argument, checked to number one of `counts`; a missing
+// The lists of apex's tensor_lists argument, checked to number one of `counts` and to hold
+// no sparse tensor (the dispatcher would only say that the op has no sparse kernel); a missing
 // optional trailing list comes back empty.
-std::vector<at::TensorList> unpack(const char* name, const TensorLists& lists, std::initializer_list<size_t> counts) {
+std::vector<at::TensorList> unpack(const char* name, const TensorListsArg& lists,
+                                   std::initializer_list<size_t> counts) {
   bool ok = false;
   for (size_t c : counts) ok = ok || lists.size() == c;
   std::string expected;
   for (size_t c : counts) expected += (expected.empty() ? "" : " or ") + std::to_string(c);
-  TORCH_CHECK(ok, name, ": expected ", expected, " tensor lists, got ", lists.size());
-  std::vector<at::TensorList> out(lists.begin(), lists.end());
-  out.resize(std::max(counts));
+  APEX_CHECK(ok, name, ": expected ", expected, " tensor lists, got ", lists.size());
+  std::vector<at::TensorList> out(std::max(counts));
+  for (size_t l = 0; l < lists.size(); ++l) {
+    out[l] = lists[l];
+    for (size_t t = 0; t < out[l].size(); ++t) {
+      APEX_CHECK(out[l][t].layout() == at::kStrided, name, ": tensor ", t, " of list ", l,
+                 " is sparse (sparse gradients are not supported)");
+    }
+  }
   return out;
 }
 
@@ -51,11 +59,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace apex::multi_tensor;
   m.doc() = "apex multi-tensor kernels (fused optimizers, amp unscale, grad norms), CPU and CUDA";
 
-  m.def("multi_tensor_scale", [](int64_t chunk, const Tensor& flag, const TensorLists& lists, double scale) {
+  m.def("multi_tensor_scale", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists, double scale) {
     auto l = unpack("multi_tensor_scale", lists, {2});
     call_op<decltype(multi_tensor_scale<SignatureOf>)>("multi_tensor_scale", chunk, flag, l[0], l[1], scale);
   }, "out = in * scale for lists [in, out]; sets the flag on inf/nan inputs");
-  m.def("multi_tensor_axpby", [](int64_t chunk, const Tensor& flag, const TensorLists& lists, double a, double b,
+  m.def("multi_tensor_axpby", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists, double a, double b,
                                  int64_t arg_to_check) {
     auto l = unpack("multi_tensor_axpby", lists, {3});
     call_op<decltype(multi_tensor_axpby<SignatureOf>)>("multi_tensor_axpby", chunk, flag, l[0], l[1], l[2], a, b,
@@ -64,7 +72,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   auto def_norm = [&m](const char* name, auto signature, const char* doc) {
     using Sig = typename decltype(signature)::type;
-    m.def(name, [name](int64_t chunk, const Tensor& flag, const TensorLists& lists, std::optional<bool> per_tensor) {
+    m.def(name, [name](int64_t chunk, const Tensor& flag, const TensorListsArg& lists, std::optional<bool> per_tensor) {
       auto l = unpack(name, lists, {1});
       return call_op<Sig>(name, chunk, flag, l[0], per_tensor);
     }, doc, pybind11::arg("chunk_size"), pybind11::arg("noop_flag"), pybind11::arg("tensor_lists"),
@@ -74,7 +82,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "(total_norm float32[1], per_tensor_norms float32[n] or [0]) of lists [tensors]");
   def_norm("multi_tensor_l2norm_mp", TypeTag<decltype(multi_tensor_l2norm_mp<SignatureOf>)>{},
            "multi_tensor_l2norm that does nothing (norms 0) while the flag is set");
-  m.def("multi_tensor_l2norm_scale", [](int64_t chunk, const Tensor& flag, const TensorLists& lists, double scale,
+  m.def("multi_tensor_l2norm_scale", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists, double scale,
                                         std::optional<bool> per_tensor) {
     auto l = unpack("multi_tensor_l2norm_scale", lists, {2});
     return call_op<decltype(multi_tensor_l2norm_scale<SignatureOf>)>("multi_tensor_l2norm_scale", chunk, flag, l[0],
@@ -82,7 +90,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "norms of lists [in, out] input while writing out = in * scale",
      pybind11::arg("chunk_size"), pybind11::arg("noop_flag"), pybind11::arg("tensor_lists"), pybind11::arg("scale"),
      pybind11::arg("per_tensor") = pybind11::none());
-  m.def("multi_tensor_unscale_l2norm", [](int64_t chunk, const Tensor& flag, const TensorLists& lists,
+  m.def("multi_tensor_unscale_l2norm", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists,
                                           const Tensor& inv_scale, std::optional<bool> per_tensor) {
     auto l = unpack("multi_tensor_unscale_l2norm", lists, {1});
     return call_op<decltype(multi_tensor_unscale_l2norm<SignatureOf>)>("multi_tensor_unscale_l2norm", chunk, flag,
@@ -91,14 +99,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      pybind11::arg("chunk_size"), pybind11::arg("noop_flag"), pybind11::arg("tensor_lists"),
      pybind11::arg("inv_scale"), pybind11::arg("per_tensor") = pybind11::none());
 
-  m.def("multi_tensor_adam", [](int64_t chunk, const Tensor& flag, const TensorLists& lists, double lr, double beta1,
+  m.def("multi_tensor_adam", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists, double lr, double beta1,
                                 double beta2, double eps, int64_t step, int64_t mode, int64_t bias_correction,
                                 double weight_decay) {
     auto l = unpack("multi_tensor_adam", lists, {4});
     call_op<decltype(multi_tensor_adam<SignatureOf>)>("multi_tensor_adam", chunk, flag, l[0], l[1], l[2], l[3], lr,
                                                       beta1, beta2, eps, step, mode, bias_correction, weight_decay);
   }, "Adam (mode 0) / AdamW (mode 1) step on lists [grads, params, exp_avgs, exp_avg_sqs]");
-  m.def("multi_tensor_adam_capturable", [](int64_t chunk, const Tensor& flag, const TensorLists& lists,
+  m.def("multi_tensor_adam_capturable", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists,
                                            const Tensor& lr, double beta1, double beta2, double eps,
                                            const Tensor& step, int64_t mode, int64_t bias_correction,
                                            double weight_decay, const Tensor& inv_scale) {
@@ -107,7 +115,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                                  l[1], l[2], l[3], lr, beta1, beta2, eps, step, mode,
                                                                  bias_correction, weight_decay, inv_scale);
   }, "graph-capturable Adam: lr/step/inv_scale are device tensors; skipped while the flag is set");
-  m.def("multi_tensor_adam_capturable_master", [](int64_t chunk, const Tensor& flag, const TensorLists& lists,
+  m.def("multi_tensor_adam_capturable_master", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists,
                                                   const Tensor& lr, double beta1, double beta2, double eps,
                                                   const Tensor& step, int64_t mode, int64_t bias_correction,
                                                   double weight_decay, const Tensor& inv_scale) {
@@ -116,7 +124,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "multi_tensor_adam_capturable_master", chunk, flag, l[0], l[1], l[2], l[3], l[4], lr, beta1, beta2, eps, step,
         mode, bias_correction, weight_decay, inv_scale);
   }, "capturable Adam on fp32 master params (5th list), copying them into the params");
-  m.def("multi_tensor_sgd", [](int64_t chunk, const Tensor& flag, const TensorLists& lists, double weight_decay,
+  m.def("multi_tensor_sgd", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists, double weight_decay,
                                double momentum, double dampening, double lr, bool nesterov, bool first_run,
                                bool wd_after_momentum, double scale) {
     auto l = unpack("multi_tensor_sgd", lists, {3, 4});
@@ -124,7 +132,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                      weight_decay, momentum, dampening, lr, nesterov, first_run,
                                                      wd_after_momentum, scale);
   }, "SGD step on lists [grads, weights, momentum(, weights_out)]; skipped while the flag is set");
-  m.def("multi_tensor_lamb", [](int64_t chunk, const Tensor& flag, const TensorLists& lists, double lr, double beta1,
+  m.def("multi_tensor_lamb", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists, double lr, double beta1,
                                 double beta2, double eps, int64_t step, int64_t bias_correction, double weight_decay,
                                 int64_t grad_averaging, int64_t mode, const Tensor& global_grad_norm,
                                 double max_grad_norm, std::optional<bool> use_nvlamb) {
@@ -139,7 +147,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      pybind11::arg("bias_correction"), pybind11::arg("weight_decay"), pybind11::arg("grad_averaging"),
      pybind11::arg("mode"), pybind11::arg("global_grad_norm"), pybind11::arg("max_grad_norm"),
      pybind11::arg("use_nvlamb") = pybind11::none());
-  m.def("multi_tensor_lamb_mp", [](int64_t chunk, const Tensor& flag, const TensorLists& lists, const Tensor& lr,
+  m.def("multi_tensor_lamb_mp", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists, const Tensor& lr,
                                    double beta1, double beta2, double eps, const Tensor& step,
                                    int64_t bias_correction, double weight_decay, int64_t grad_averaging,
                                    int64_t mode, const Tensor& global_grad_norm, const Tensor& max_grad_norm,
@@ -151,7 +159,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                          weight_decay, grad_averaging, mode, global_grad_norm,
                                                          max_grad_norm, use_nvlamb, found_inf, inv_scale);
   }, "mixed-precision LAMB on lists [grads, fp32 params, exp_avgs, exp_avg_sqs(, params_out)]; skipped when found_inf");
-  m.def("multi_tensor_lamb_stage1_cuda", [](int64_t chunk, const Tensor& flag, const TensorLists& lists,
+  m.def("multi_tensor_lamb_stage1_cuda", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists,
                                             const Tensor& per_tensor_decay, int64_t step, double beta1, double beta2,
                                             double eps, const Tensor& global_grad_norm, double max_global_grad_norm) {
     auto l = unpack("multi_tensor_lamb_stage1_cuda", lists, {5});
@@ -159,7 +167,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                              l[2], l[3], l[4], per_tensor_decay, step, beta1, beta2,
                                                              eps, global_grad_norm, max_global_grad_norm);
   }, "LAMB stage 1 on lists [grads, params, exp_avgs, exp_avg_sqs, updates] (any device despite the name)");
-  m.def("multi_tensor_lamb_stage2_cuda", [](int64_t chunk, const Tensor& flag, const TensorLists& lists,
+  m.def("multi_tensor_lamb_stage2_cuda", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists,
                                             const Tensor& param_norms, const Tensor& update_norms, double lr,
                                             double weight_decay, std::optional<bool> use_nvlamb) {
     auto l = unpack("multi_tensor_lamb_stage2_cuda", lists, {2});
@@ -169,7 +177,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      pybind11::arg("chunk_size"), pybind11::arg("noop_flag"), pybind11::arg("tensor_lists"),
      pybind11::arg("per_tensor_param_norm"), pybind11::arg("per_tensor_update_norm"), pybind11::arg("lr"),
      pybind11::arg("weight_decay"), pybind11::arg("use_nvlamb") = pybind11::none());
-  m.def("multi_tensor_novograd", [](int64_t chunk, const Tensor& flag, const TensorLists& lists,
+  m.def("multi_tensor_novograd", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists,
                                     const Tensor& grad_norms, double lr, double beta1, double beta2, double eps,
                                     int64_t step, int64_t bias_correction, double weight_decay,
                                     int64_t grad_averaging, int64_t mode, int64_t norm_type) {
@@ -178,8 +186,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                           grad_norms, lr, beta1, beta2, eps, step, bias_correction,
                                                           weight_decay, grad_averaging, mode, norm_type);
   }, "NovoGrad step on lists [grads, params, exp_avgs]; grad_norms (float32 [n]) blended in place");
-  m.def("multi_tensor_adagrad", [](int64_t chunk, const Tensor& flag, const TensorLists& lists, double lr, double eps,
-                                   int64_t mode, double weight_decay) {
+  m.def("multi_tensor_adagrad", [](int64_t chunk, const Tensor& flag, const TensorListsArg& lists, double lr,
+                                   double eps, int64_t mode, double weight_decay) {
     auto l = unpack("multi_tensor_adagrad", lists, {3});
     call_op<decltype(multi_tensor_adagrad<SignatureOf>)>("multi_tensor_adagrad", chunk, flag, l[0], l[1], l[2], lr,
                                                          eps, mode, weight_decay);

@@ -100,8 +100,8 @@ struct LambStage2Functor : FunctorBase<LambStage2Functor> {
 
 inline LambStage1Functor lamb_stage1(double beta1, double beta2, double epsilon, bool bias_correction,
                                      bool grad_averaging, int64_t mode, double weight_decay) {
-  TORCH_CHECK(mode == kLambL2 || mode == kLambDecoupled, "multi_tensor_lamb: mode must be 0 (L2) or 1 (decoupled "
-              "weight decay), got ", mode);
+  APEX_CHECK(mode == kLambL2 || mode == kLambDecoupled, "multi_tensor_lamb: mode must be 0 (L2) or 1 (decoupled "
+             "weight decay), got ", mode);
   LambStage1Functor op;
   op.beta1 = static_cast<float>(beta1);
   op.beta2 = static_cast<float>(beta2);
@@ -125,9 +125,9 @@ inline LambStage2Functor lamb_stage2(const at::Tensor& param_norms, const at::Te
 
 inline void check_per_tensor(const char* op, const at::Tensor& x, const at::Tensor& flag, size_t count,
                              const char* what) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() == static_cast<int64_t>(count) &&
-                  x.device() == flag.device(),
-              op, ": ", what, " must be a contiguous float32 tensor of ", count, " elements on ", flag.device());
+  APEX_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() == static_cast<int64_t>(count) &&
+                 x.device() == flag.device(),
+             op, ": ", what, " must be a contiguous float32 tensor of ", count, " elements on ", flag.device());
 }
 
 inline NormRequest per_tensor_norms() { return norm_request(true); }
@@ -147,10 +147,10 @@ void multi_tensor_lamb(int64_t chunk_size, const at::Tensor& noop_flag, at::Tens
   stage1.max_grad_norm.value = static_cast<float>(max_grad_norm);
 
   const auto dtype = list_dtype(kName, params, "params");
-  TORCH_CHECK(list_dtype(kName, grads, "grads") == dtype, kName, ": grads must have the params' dtype");
+  APEX_CHECK(list_dtype(kName, grads, "grads") == dtype, kName, ": grads must have the params' dtype");
   const auto state_dtype = list_dtype(kName, exp_avgs, "exp_avgs");
-  TORCH_CHECK(list_dtype(kName, exp_avg_sqs, "exp_avg_sqs") == state_dtype, kName,
-              ": exp_avgs and exp_avg_sqs must share one dtype");
+  APEX_CHECK(list_dtype(kName, exp_avg_sqs, "exp_avg_sqs") == state_dtype, kName,
+             ": exp_avgs and exp_avg_sqs must share one dtype");
   dispatch_param_state(kName, dtype, state_dtype, [&](auto p, auto s) {
     using P = typename decltype(p)::type;
     using S = typename decltype(s)::type;
@@ -181,8 +181,8 @@ void multi_tensor_lamb_mp(int64_t chunk_size, const at::Tensor& noop_flag, at::T
                         {at::kFloat});
   }
   for (auto list : {params, exp_avgs, exp_avg_sqs}) {
-    TORCH_CHECK(list_dtype(kName, list, "params/exp_avgs/exp_avg_sqs") == at::kFloat, kName,
-                ": params (the fp32 master copy), exp_avgs and exp_avg_sqs must be float32");
+    APEX_CHECK(list_dtype(kName, list, "params/exp_avgs/exp_avg_sqs") == at::kFloat, kName,
+               ": params (the fp32 master copy), exp_avgs and exp_avg_sqs must be float32");
   }
   // Stream-ordered device-side conversions: nothing synchronises, so CUDA graphs can capture them.
   const at::Tensor lr_f = lr.to(at::kFloat), step_f = step.to(at::kFloat);
@@ -196,8 +196,8 @@ void multi_tensor_lamb_mp(int64_t chunk_size, const at::Tensor& noop_flag, at::T
 
   const auto grad_dtype = list_dtype(kName, grads, "grads");
   if (!params_out.empty()) {
-    TORCH_CHECK(list_dtype(kName, params_out, "params_out") == grad_dtype, kName,
-                ": params_out must have the grads' dtype");
+    APEX_CHECK(list_dtype(kName, params_out, "params_out") == grad_dtype, kName,
+               ": params_out must have the grads' dtype");
   }
   dispatch_floating(grad_dtype, kName, "grads", [&](auto g) {
     using G = typename decltype(g)::type;
@@ -229,8 +229,8 @@ void multi_tensor_lamb_stage1(int64_t chunk_size, const at::Tensor& noop_flag, a
   check_scalar_tensor(kName, global_grad_norm, noop_flag, "global_grad_norm", {at::kFloat});
   check_per_tensor(kName, per_tensor_decay, noop_flag, grads.size(), "per_tensor_decay");
   for (auto list : {params, exp_avgs, exp_avg_sqs, updates}) {
-    TORCH_CHECK(list_dtype(kName, list, "params/exp_avgs/exp_avg_sqs/updates") == at::kFloat, kName,
-                ": params, exp_avgs, exp_avg_sqs and updates must be float32");
+    APEX_CHECK(list_dtype(kName, list, "params/exp_avgs/exp_avg_sqs/updates") == at::kFloat, kName,
+               ": params, exp_avgs, exp_avg_sqs and updates must be float32");
   }
   // apex's first LAMB: bias correction always on, (1 - beta1) averaging, per-tensor decoupled decay.
   LambStage1Functor op = lamb_stage1(beta1, beta2, epsilon, true, true, kLambDecoupled, 0.0);
@@ -254,7 +254,7 @@ void multi_tensor_lamb_stage2(int64_t chunk_size, const at::Tensor& noop_flag, a
   constexpr const char* kName = "multi_tensor_lamb_stage2";
   check_per_tensor(kName, per_tensor_param_norm, noop_flag, params.size(), "per_tensor_param_norm");
   check_per_tensor(kName, per_tensor_update_norm, noop_flag, params.size(), "per_tensor_update_norm");
-  TORCH_CHECK(list_dtype(kName, updates, "updates") == at::kFloat, kName, ": updates must be float32");
+  APEX_CHECK(list_dtype(kName, updates, "updates") == at::kFloat, kName, ": updates must be float32");
   LambStage2Functor op = lamb_stage2(per_tensor_param_norm, per_tensor_update_norm, weight_decay, use_nvlamb);
   op.lr.value = static_cast<float>(lr);
   dispatch_floating(list_dtype(kName, params, "params"), kName, "params", [&](auto p) {

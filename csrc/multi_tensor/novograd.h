@@ -45,8 +45,8 @@ void multi_tensor_novograd(int64_t chunk_size, const at::Tensor& noop_flag, at::
                            double beta1, double beta2, double epsilon, int64_t step, int64_t bias_correction,
                            double weight_decay, int64_t grad_averaging, int64_t mode, int64_t norm_type) {
   constexpr const char* kName = "multi_tensor_novograd";
-  TORCH_CHECK(mode == kNovogradL2 || mode == kNovogradDecoupled, kName, ": mode must be 0 or 1, got ", mode);
-  TORCH_CHECK(norm_type == 0 || norm_type == 2, kName, ": norm_type must be 0 (L-inf) or 2 (L2), got ", norm_type);
+  APEX_CHECK(mode == kNovogradL2 || mode == kNovogradDecoupled, kName, ": mode must be 0 or 1, got ", mode);
+  APEX_CHECK(norm_type == 0 || norm_type == 2, kName, ": norm_type must be 0 (L-inf) or 2 (L2), got ", norm_type);
   // grad_norms[t] <- blend of its old value and this step's norm of grads[t], weights beta2 and 1 - beta2.
   NormRequest request;
   request.per_tensor = norm_type == 2 ? PerTensorOut::kBlendL2 : PerTensorOut::kBlendMax;
@@ -71,8 +71,8 @@ void multi_tensor_novograd(int64_t chunk_size, const at::Tensor& noop_flag, at::
   op.mode = static_cast<int>(mode);
   op.grad_norms = grad_norms.data_ptr<float>();
   const auto dtype = list_dtype(kName, params, "params");
-  TORCH_CHECK(list_dtype(kName, grads, "grads") == dtype && list_dtype(kName, exp_avgs, "exp_avgs") == dtype, kName,
-              ": grads, params and exp_avgs must share one dtype");
+  APEX_CHECK(list_dtype(kName, grads, "grads") == dtype && list_dtype(kName, exp_avgs, "exp_avgs") == dtype, kName,
+             ": grads, params and exp_avgs must share one dtype");
   dispatch_floating(dtype, kName, "params", [&](auto p) {
     using T = typename decltype(p)::type;
     Engine::template elementwise<TypeList<T, T, T>>(kName, chunk_size, noop_flag, {grads, params, exp_avgs}, op);

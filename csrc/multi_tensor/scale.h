@@ -53,8 +53,8 @@ template <class Engine>
 void multi_tensor_axpby(int64_t chunk_size, const at::Tensor& noop_flag, at::TensorList x, at::TensorList y,
                         at::TensorList out, double a, double b, int64_t arg_to_check) {
   constexpr const char* kName = "multi_tensor_axpby";
-  TORCH_CHECK(arg_to_check >= -1 && arg_to_check <= 1, kName, ": arg_to_check must be -1, 0 or 1, got ",
-              arg_to_check);
+  APEX_CHECK(arg_to_check >= -1 && arg_to_check <= 1, kName, ": arg_to_check must be -1, 0 or 1, got ",
+             arg_to_check);
   dispatch_floating(list_dtype(kName, x, "x"), kName, "x", [&](auto tx) {
     dispatch_floating(list_dtype(kName, y, "y"), kName, "y", [&](auto ty) {
       dispatch_floating(list_dtype(kName, out, "out"), kName, "out", [&](auto tout) {

@@ -56,8 +56,8 @@ void multi_tensor_sgd(int64_t chunk_size, const at::Tensor& noop_flag, at::Tenso
   op.weight_decay_after_momentum = weight_decay_after_momentum;
 
   const auto weight_dtype = list_dtype(kName, weights, "weights");
-  TORCH_CHECK(list_dtype(kName, momentum_buffers, "momentum_buffers") == weight_dtype, kName,
-              ": momentum buffers must have the weights' dtype");
+  APEX_CHECK(list_dtype(kName, momentum_buffers, "momentum_buffers") == weight_dtype, kName,
+             ": momentum buffers must have the weights' dtype");
   // apex's combinations: grads in the weights' dtype or 16-bit grads on fp32 weights, and for the
   // 4-list form fp32 weights/momentum plus a copy in the grads' dtype (or 16-bit from fp32 grads).
   const auto grad_dtype = list_dtype(kName, grads, "grads");
@@ -70,7 +70,7 @@ void multi_tensor_sgd(int64_t chunk_size, const at::Tensor& noop_flag, at::Tenso
     });
     return;
   }
-  TORCH_CHECK(weight_dtype == at::kFloat, kName, ": with a weights_out list the weights must be float32");
+  APEX_CHECK(weight_dtype == at::kFloat, kName, ": with a weights_out list the weights must be float32");
   dispatch_param_state(kName, list_dtype(kName, weights_out, "weights_out"), grad_dtype, [&](auto o, auto g) {
     using O = typename decltype(o)::type;
     using G = typename decltype(g)::type;

@@ -53,7 +53,7 @@ void amp_update_scale_hysteresis(const at::Tensor& current_scale, const at::Tens
   check_scalar_tensor(kName, growth_tracker, current_scale, "growth_tracker", {at::kInt});
   check_scalar_tensor(kName, hysteresis_tracker, current_scale, "hysteresis_tracker", {at::kInt});
   check_scalar_tensor(kName, found_inf, current_scale, "found_inf", {at::kFloat});
-  TORCH_CHECK(growth_interval > 0, kName, ": growth_interval must be positive, got ", growth_interval);
+  APEX_CHECK(growth_interval > 0, kName, ": growth_interval must be positive, got ", growth_interval);
   ScaleHysteresisUpdate update{current_scale.data_ptr<float>(), growth_tracker.data_ptr<int>(),
                                hysteresis_tracker.data_ptr<int>(), found_inf.data_ptr<float>(), growth_factor,
                                backoff_factor, static_cast<int>(growth_interval), static_cast<int>(hysteresis)};

@@ -1,20 +1,24 @@
 // CUDA back end of the multi-tensor apply engine.
 //
-// Host: the tensors of a call are described in a ChunkTable passed by value as the kernel
+// Host: the tensors of a call are described in a TileTable passed by value as the kernel
 // argument (__grid_constant__, so nothing is copied per thread): the data pointers of every
-// list, each tensor's numel and the running count of its chunks. CUDA >= 12.1 accepts 32 KB
+// list, each tensor's numel and the running count of its tiles. CUDA >= 12.1 accepts 32 KB
 // of kernel arguments, enough for ~600-1600 tensors (by depth) in one launch; longer lists
 // take several launches.
 //
-// Device: a persistent grid (resident blocks of the kernel x SMs) strides over the chunks of
-// all tensors. A block walks its chunk in tiles; each thread makes up to four independent
-// 16-byte accesses of the widest list per tile (narrower lists load the same elements with
-// 8/4-byte accesses), falling back to guarded scalar accesses when a tensor is
-// not 16-byte aligned or at its ragged end. Values are converted to float (double for double
-// lists), the functor runs per element, written lists are converted back and stored.
+// Device: one wave of resident blocks (resident blocks of the kernel x SMs). The tiles of all
+// tensors are numbered in list order and every block takes one contiguous run of them, the
+// same count to within one tile, so all blocks finish together: with apex's scheme (blocks
+// striding over 64K-element chunks) a grid covered the 5600 chunks of a GPT-sized model in
+// 5.3 waves, and the last, partial wave ran with most of the GPU idle. A thread makes a few
+// independent 16-byte accesses of the widest list per tile (narrower lists load the same
+// elements with 8/4-byte accesses), falling back to guarded scalar accesses when a tensor is
+// not 16-byte aligned or at its ragged end. Values are converted to float (double for
+// double lists), the functor runs per element, written lists are converted back and stored.
 //
-// Reductions write one partial per chunk; finish_norms_kernel then combines them per tensor
-// and in total in a fixed order, so norms are deterministic run to run.
+// Reductions: a block writes one partial per tensor it touches; finish_norms_kernel then
+// combines them per tensor and in total in a fixed order, so norms are deterministic run to
+// run on a given GPU. chunk_size only matters to the CPU engine: here the tiles are the unit.
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
@@ -22,8 +26,10 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <limits>
 #include <utility>
 
+#include "apex/aligned_vector.cuh"
 #include "apex/multi_tensor_apply_common.h"
 #include "apex/multi_tensor_math.h"
 
@@ -36,14 +42,27 @@
 namespace apex::multi_tensor {
 namespace cuda {
 
-constexpr int kThreads = 256;
-constexpr int kAccessBytes = 16;
-// Elements a thread holds per list and tile: 4 independent 16-byte fp32 loads (2 for 16-bit
-// lists, 4 x 2 for double) per list in flight per thread, which with several resident blocks
-// is well over the bytes per SM that HBM3 needs in flight, while the registers of a
-// 4- or 5-list optimizer step stay under the occupancy cliff.
-constexpr int kMaxElemsPerThread = 16;
-constexpr int kMaxAccessesPerThread = 4;
+// Launch shape of the engine's kernels. It is a type so that benchmarks/optimizers/tuning can
+// build variants side by side.
+//   kThreads: threads per block.
+//   kElemsFewLists / kElemsManyLists: elements a thread holds per list and tile, for kernels of
+//       one or two lists / of more, when the widest list is 4 bytes wide (the same bytes for
+//       double lists, at least one 16-byte access for 16-bit ones).
+//   kMinBlocksPerSm: __launch_bounds__' residency request (caps registers per thread).
+template <int Threads, int ElemsFewLists, int ElemsManyLists, int MinBlocksPerSm>
+struct LaunchConfig {
+  static constexpr int kThreads = Threads;
+  static constexpr int kMinBlocksPerSm = MinBlocksPerSm;
+  static constexpr int elems_per_thread(int lists) { return lists <= 2 ? ElemsFewLists : ElemsManyLists; }
+};
+
+// Measured on an H100 (benchmarks/optimizers/NOTES.md): norms and unscale (1-2 lists) move
+// their bytes 1-2% faster with 32 elements (eight 16-byte loads in flight per thread) than
+// with 16; optimizer steps (4-5 lists) need 16: 32 takes ~190 registers, one block per SM.
+using DefaultLaunchConfig = LaunchConfig<256, 32, 16, 1>;
+
+// The combine of per-tensor partials is one block; a warp per tensor, so more warps, fewer rounds.
+constexpr int kFinishThreads = 1024;
 
 // Kernel-argument budget: 32764 bytes since CUDA 12.1 (Volta and newer); 4 KB before and on ROCm.
 #if defined(USE_ROCM) || (defined(CUDART_VERSION) && CUDART_VERSION < 12010)
@@ -55,30 +74,26 @@ constexpr int kArgBytes = 32764;
 constexpr int kReservedArgBytes = 512;
 
 template <int kDepth>
-struct ChunkTable {
+struct TileTable {
   static constexpr int kCapacity =
-      (kArgBytes - kReservedArgBytes - 4 * static_cast<int>(sizeof(int64_t))) / (kDepth * 8 + 2 * 8);
+      (kArgBytes - kReservedArgBytes - 2 * static_cast<int>(sizeof(int64_t)) - 2 * static_cast<int>(sizeof(int))) /
+      (kDepth * 8 + 2 * 8);
   void* ptrs[kDepth][kCapacity];
   int64_t numel[kCapacity];
-  int64_t chunk_end[kCapacity];  // chunks of tensor t: [chunk_end[t - 1], chunk_end[t]) within this launch
-  int64_t chunk_elems;
-  int64_t num_chunks;
-  int64_t first_chunk;  // index of this launch's chunk 0 among all chunks of the call
+  int64_t tile_end[kCapacity];  // tensor t owns this launch's tiles [tile_end[t - 1], tile_end[t])
+  int64_t num_tiles;
+  int64_t first_slot;  // reductions: this launch's partial slot 0 among all slots of the call
   int num_tensors;
-  int first_tensor;     // index of this launch's tensor 0 in the call's lists
+  int first_tensor;  // index of this launch's tensor 0 in the call's lists
 };
 
-template <class TL>
+template <class TL, class Config>
 struct TileShape {
-  static constexpr int kGroup = kAccessBytes / TL::kWidestBytes;  // elements per access of the widest list
-  static constexpr int kAccesses = std::min(kMaxAccessesPerThread, kMaxElemsPerThread / kGroup);
-  static constexpr int kElems = kGroup * kAccesses;  // elements per thread per tile
-  static constexpr int kTile = kThreads * kElems;
-};
-
-template <class T, int N>
-struct alignas(sizeof(T) * N) Packed {
-  T v[N];
+  static constexpr int kGroup = kVectorBytes / TL::kWidestBytes;  // elements per access of the widest list
+  static constexpr int kElems =
+      std::max(kGroup, Config::elems_per_thread(TL::kDepth) * 4 / std::max(4, TL::kWidestBytes));
+  static constexpr int kAccesses = kElems / kGroup;
+  static constexpr int kTile = Config::kThreads * kElems;  // elements per block and tile
 };
 
 template <class F, int... I>
@@ -95,23 +110,24 @@ __device__ __forceinline__ auto call_op(const Op& op, M (&x)[D][E], int e, std::
   return op(x[I][e]...);
 }
 
-// Thread's element k of access g in a tile starting at `tile`: tile + (g * kThreads + tid) * kGroup + k,
-// so each access instruction of a warp covers one contiguous span.
-template <class TL, class M>
+// Thread's element k of access g in the tile starting at element `tile` of a tensor:
+// tile + (g * kThreads + tid) * kGroup + k, so each access instruction of a warp covers one
+// contiguous span.
+template <class TL, class Config, class M>
 __device__ __forceinline__ void load_tile(char* const (&base)[TL::kDepth], int64_t tile, int64_t end, bool aligned,
-                                          ListMask reads, M (&x)[TL::kDepth][TileShape<TL>::kElems]) {
-  using Shape = TileShape<TL>;
+                                          ListMask reads, M (&x)[TL::kDepth][TileShape<TL, Config>::kElems]) {
+  using Shape = TileShape<TL, Config>;
   static_for<TL::kDepth>([&](auto d) {
     using T = typename TL::template At<d>;
     if (!(reads & (ListMask{1} << d))) return;
     const T* p = reinterpret_cast<const T*>(base[d]);
 #pragma unroll
     for (int g = 0; g < Shape::kAccesses; ++g) {
-      const int64_t i = tile + (static_cast<int64_t>(g) * kThreads + threadIdx.x) * Shape::kGroup;
+      const int64_t i = tile + (static_cast<int64_t>(g) * Config::kThreads + threadIdx.x) * Shape::kGroup;
       if (aligned && i + Shape::kGroup <= end) {
-        const auto packed = *reinterpret_cast<const Packed<T, Shape::kGroup>*>(p + i);
+        const auto vector = load_vector<Shape::kGroup>(p, i);
 #pragma unroll
-        for (int k = 0; k < Shape::kGroup; ++k) x[d][g * Shape::kGroup + k] = static_cast<M>(packed.v[k]);
+        for (int k = 0; k < Shape::kGroup; ++k) x[d][g * Shape::kGroup + k] = static_cast<M>(vector.value[k]);
       } else {
 #pragma unroll
         for (int k = 0; k < Shape::kGroup; ++k) {
@@ -122,22 +138,22 @@ __device__ __forceinline__ void load_tile(char* const (&base)[TL::kDepth], int64
   });
 }
 
-template <class TL, class M>
+template <class TL, class Config, class M>
 __device__ __forceinline__ void store_tile(char* const (&base)[TL::kDepth], int64_t tile, int64_t end, bool aligned,
-                                           ListMask writes, const M (&x)[TL::kDepth][TileShape<TL>::kElems]) {
-  using Shape = TileShape<TL>;
+                                           ListMask writes, const M (&x)[TL::kDepth][TileShape<TL, Config>::kElems]) {
+  using Shape = TileShape<TL, Config>;
   static_for<TL::kDepth>([&](auto d) {
     using T = typename TL::template At<d>;
     if (!(writes & (ListMask{1} << d))) return;
     T* p = reinterpret_cast<T*>(base[d]);
 #pragma unroll
     for (int g = 0; g < Shape::kAccesses; ++g) {
-      const int64_t i = tile + (static_cast<int64_t>(g) * kThreads + threadIdx.x) * Shape::kGroup;
+      const int64_t i = tile + (static_cast<int64_t>(g) * Config::kThreads + threadIdx.x) * Shape::kGroup;
       if (aligned && i + Shape::kGroup <= end) {
-        Packed<T, Shape::kGroup> packed;
+        AlignedVector<T, Shape::kGroup> vector;
 #pragma unroll
-        for (int k = 0; k < Shape::kGroup; ++k) packed.v[k] = static_cast<T>(x[d][g * Shape::kGroup + k]);
-        *reinterpret_cast<Packed<T, Shape::kGroup>*>(p + i) = packed;
+        for (int k = 0; k < Shape::kGroup; ++k) vector.value[k] = static_cast<T>(x[d][g * Shape::kGroup + k]);
+        store_vector<Shape::kGroup>(p, i, vector);
       } else {
 #pragma unroll
         for (int k = 0; k < Shape::kGroup; ++k) {
@@ -157,65 +173,107 @@ __device__ __forceinline__ float warp_reduce(float v) {
   return v;
 }
 
-// Combined value of `v` over the block, valid in thread 0. Safe to call repeatedly.
-template <Reduce R>
+// Combined value of `v` over a block of kThreads threads, valid in thread 0. Safe to call repeatedly.
+template <Reduce R, int kThreads>
 __device__ float block_reduce(float v) {
-  __shared__ float warp_values[kThreads / C10_WARP_SIZE];
+  constexpr int kWarps = kThreads / C10_WARP_SIZE;
+  __shared__ float warp_values[kWarps];
   const int lane = threadIdx.x % C10_WARP_SIZE, warp = threadIdx.x / C10_WARP_SIZE;
   v = warp_reduce<R>(v);
   if (lane == 0) warp_values[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = lane < kThreads / C10_WARP_SIZE ? warp_values[lane] : 0.f;
+    v = lane < kWarps ? warp_values[lane] : 0.f;
     v = warp_reduce<R>(v);
   }
   __syncthreads();  // warp_values is reused by the next call
   return v;
 }
 
-// The engine's kernel. Elementwise functors (kReduce == kNone) ignore `partials`.
-template <class TL, class Op>
-__global__ void __launch_bounds__(kThreads)
-    multi_tensor_kernel(const APEX_GRID_CONSTANT ChunkTable<TL::kDepth> table, int* noop_flag, const Op op,
-                        float* partials, int64_t* tensor_chunk_end) {
+// The grid's split of the launch's tiles: block b takes [num_tiles * b / blocks, num_tiles * (b + 1) / blocks).
+__device__ __forceinline__ int64_t first_tile_of_block(int64_t block, int64_t blocks, int64_t num_tiles) {
+  return num_tiles * block / blocks;
+}
+// The block whose run holds tile x: the largest b with first_tile_of_block(b) <= x.
+__device__ __forceinline__ int64_t block_of_tile(int64_t x, int64_t blocks, int64_t num_tiles) {
+  return ((x + 1) * blocks - 1) / num_tiles;
+}
+
+// The first tensor with tiles at or after `tile` (tile_end is sorted; empty tensors are skipped).
+template <int D>
+__device__ int tensor_of_tile(const TileTable<D>& table, int64_t tile) {
+  int lo = 0, hi = table.num_tensors - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (table.tile_end[mid] > tile) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// Block b writes its partial of tensor t into slot first_slot + b + t. Along the tiles b and t
+// never decrease and one of them grows at each new (block, tensor) segment, so slots are
+// distinct, and tensor t's partials are the consecutive slots of the blocks that cover it.
+// Records [first, end) of those slots for every tensor of the launch.
+template <int D, int kThreads>
+__device__ void record_slot_ranges(const TileTable<D>& table, int* slot_ranges) {
+  const int64_t blocks = gridDim.x;
+  for (int t = threadIdx.x; t < table.num_tensors; t += kThreads) {
+    const int64_t first = t == 0 ? 0 : table.tile_end[t - 1], end = table.tile_end[t];
+    int64_t begin_slot = 0, end_slot = 0;
+    if (end > first) {
+      begin_slot = table.first_slot + block_of_tile(first, blocks, table.num_tiles) + t;
+      end_slot = table.first_slot + block_of_tile(end - 1, blocks, table.num_tiles) + t + 1;
+    }
+    slot_ranges[2 * (table.first_tensor + t)] = static_cast<int>(begin_slot);
+    slot_ranges[2 * (table.first_tensor + t) + 1] = static_cast<int>(end_slot);
+  }
+}
+
+// The engine's kernel. Elementwise functors (kReduce == kNone) ignore `partials` and `slot_ranges`.
+template <class TL, class Op, class Config>
+__global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
+    multi_tensor_kernel(const APEX_GRID_CONSTANT TileTable<TL::kDepth> table, int* noop_flag, const Op op,
+                        float* partials, int* slot_ranges) {
   using M = typename TL::Math;
-  using Shape = TileShape<TL>;
+  using Shape = TileShape<TL, Config>;
   constexpr int D = TL::kDepth;
   constexpr bool kReduces = Op::kReduce != Reduce::kNone;
 
   if constexpr (kReduces) {
-    // Where each tensor's partials lie, for finish_norms_kernel.
-    if (blockIdx.x == 0) {
-      for (int t = threadIdx.x; t < table.num_tensors; t += kThreads) {
-        tensor_chunk_end[table.first_tensor + t] = table.first_chunk + table.chunk_end[t];
-      }
-    }
+    if (blockIdx.x == 0) record_slot_ranges<D, Config::kThreads>(table, slot_ranges);
   }
   // A skipping kernel leaves its partials unwritten; finish_norms_kernel then reports 0.
   if (Op::kSkipIfFlagSet && *static_cast<volatile int*>(noop_flag)) return;
 
+  const int64_t blocks = gridDim.x;
+  const int64_t last = first_tile_of_block(blockIdx.x + 1, blocks, table.num_tiles);
+  int64_t tile = first_tile_of_block(blockIdx.x, blocks, table.num_tiles);
   bool finite = true;
-  int t = 0;
-  for (int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
-    while (c >= table.chunk_end[t]) ++t;
-    const auto tensor_op = op.at_tensor(table.first_tensor + t);
-    const int64_t first_chunk_of_tensor = t == 0 ? 0 : table.chunk_end[t - 1];
-    const int64_t begin = (c - first_chunk_of_tensor) * table.chunk_elems;
-    const int64_t end = min(begin + table.chunk_elems, table.numel[t]);
+  for (int t = tile < last ? tensor_of_tile(table, tile) : 0; tile < last; ++t) {
+    while (table.tile_end[t] <= tile) ++t;  // empty tensors own no tiles
+    const int64_t tensor_first_tile = t == 0 ? 0 : table.tile_end[t - 1];
+    const int64_t stop = min(last, table.tile_end[t]);
+    const int64_t numel = table.numel[t];
     char* base[D];
     bool aligned = true;
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       base[d] = static_cast<char*>(table.ptrs[d][t]);
-      aligned = aligned && reinterpret_cast<uintptr_t>(base[d]) % kAccessBytes == 0;
+      aligned = aligned && reinterpret_cast<uintptr_t>(base[d]) % kVectorBytes == 0;
     }
 
     float acc = 0.f;
+    const auto tensor_op = op.at_tensor(table.first_tensor + t);
     if (!tensor_op.skip()) {
       const ListMask reads = tensor_op.reads(), writes = tensor_op.writes(), checks = tensor_op.checks();
-      for (int64_t tile = begin; tile < end; tile += Shape::kTile) {
+      for (; tile < stop; ++tile) {
+        const int64_t start = (tile - tensor_first_tile) * Shape::kTile;
         M x[D][Shape::kElems];
-        load_tile<TL>(base, tile, end, aligned, reads, x);
+        load_tile<TL, Config>(base, start, numel, aligned, reads, x);
         if (checks) {
 #pragma unroll
           for (int d = 0; d < D; ++d) {
@@ -234,13 +292,14 @@ __global__ void __launch_bounds__(kThreads)
             call_op(tensor_op, x, e, std::make_index_sequence<D>{});
           }
         }
-        store_tile<TL>(base, tile, end, aligned, writes, x);
+        store_tile<TL, Config>(base, start, numel, aligned, writes, x);
       }
     }
+    tile = stop;
     if constexpr (kReduces) {
-      const float partial = block_reduce<Op::kReduce>(acc);
+      const float partial = block_reduce<Op::kReduce, Config::kThreads>(acc);
       if (threadIdx.x == 0) {
-        partials[table.first_chunk + c] = partial;
+        partials[table.first_slot + blockIdx.x + t] = partial;
         // As apex: a non-finite partial (inf/nan input or an overflowing sum) sets the flag.
         if (!VecMath<float>::isfinite(partial)) *noop_flag = 1;
       }
@@ -250,22 +309,21 @@ __global__ void __launch_bounds__(kThreads)
   if (!finite) *noop_flag = 1;
 }
 
-// One block: combines each tensor's chunk partials (a warp per tensor), writes the per-tensor
-// results and the total.
+// One block: combines each tensor's partials (a warp per tensor), writes the per-tensor results
+// and the total.
 template <Reduce R>
-__global__ void __launch_bounds__(kThreads)
-    finish_norms_kernel(const float* partials, const int64_t* tensor_chunk_end, int num_tensors,
-                        const int* noop_flag, bool zero_if_flag_set, PerTensorOut mode, float keep, float take,
-                        float* total, float* per_tensor) {
+__global__ void __launch_bounds__(kFinishThreads)
+    finish_norms_kernel(const float* partials, const int* slot_ranges, int num_tensors, const int* noop_flag,
+                        bool zero_if_flag_set, PerTensorOut mode, float keep, float take, float* total,
+                        float* per_tensor) {
   const bool zero = zero_if_flag_set && *noop_flag != 0;
   const int lane = threadIdx.x % C10_WARP_SIZE, warp = threadIdx.x / C10_WARP_SIZE;
-  constexpr int kWarps = kThreads / C10_WARP_SIZE;
+  constexpr int kWarps = kFinishThreads / C10_WARP_SIZE;
   float mine = 0.f;
   for (int t = warp; t < num_tensors; t += kWarps) {
     float v = 0.f;
     if (!zero) {
-      const int64_t first = t == 0 ? 0 : tensor_chunk_end[t - 1];
-      for (int64_t i = first + lane; i < tensor_chunk_end[t]; i += C10_WARP_SIZE) {
+      for (int i = slot_ranges[2 * t] + lane; i < slot_ranges[2 * t + 1]; i += C10_WARP_SIZE) {
         v = combine_partials<R>(v, partials[i]);
       }
       v = warp_reduce<R>(v);
@@ -275,7 +333,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     mine = combine_partials<R>(mine, v);
   }
-  const float combined = block_reduce<R>(lane == 0 ? mine : 0.f);
+  const float combined = block_reduce<R, kFinishThreads>(lane == 0 ? mine : 0.f);
   if (threadIdx.x == 0) *total = finish_norm<R>(combined);
 }
 
@@ -284,53 +342,62 @@ __global__ void run_once_kernel(const F f) {
   f();
 }
 
-// Blocks of `kernel` that fit on the device at once.
-template <class Kernel>
-int resident_blocks(Kernel kernel) {
-  static const int per_sm = [&] {
+// Blocks of the engine's kernel for (TL, Op, Config) that fit on the device at once.
+template <class TL, class Op, class Config>
+int64_t resident_blocks() {
+  static const int per_sm = [] {
     int blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, multi_tensor_kernel<TL, Op, Config>,
+                                                                 Config::kThreads, 0));
     return std::max(blocks, 1);
   }();
-  return per_sm * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return static_cast<int64_t>(per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
-// Launches `op` over all chunks of `lists`, as many tensors per launch as the table holds.
-template <class TL, class Op>
-void launch(const char* name, int64_t chunk_size, const at::Tensor& noop_flag,
-            const std::vector<at::TensorList>& lists, const Op& op, float* partials, int64_t* tensor_chunk_end) {
-  constexpr int D = TL::kDepth;
-  using Table = ChunkTable<D>;
-  static_assert(sizeof(Table) + sizeof(Op) + 3 * sizeof(void*) <= kArgBytes, "kernel arguments too large");
+// Partial slots a reduction over `num_tensors` tensors may write (see record_slot_ranges).
+template <class TL, class Op, class Config>
+int64_t reduction_slots(int64_t num_tensors) {
+  constexpr int64_t kCapacity = TileTable<TL::kDepth>::kCapacity;
+  const int64_t launches = (num_tensors + kCapacity - 1) / kCapacity;
+  return launches * resident_blocks<TL, Op, Config>() + num_tensors;
+}
 
-  auto kernel = multi_tensor_kernel<TL, Op>;
-  const int64_t max_blocks = resident_blocks(kernel);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+// Launches `op` over all tiles of `lists`, as many tensors per launch as the table holds.
+template <class TL, class Op, class Config>
+void launch(const at::Tensor& noop_flag, const std::vector<at::TensorList>& lists, const Op& op, float* partials,
+            int* slot_ranges) {
+  constexpr int D = TL::kDepth;
+  using Table = TileTable<D>;
+  static_assert(sizeof(Table) + sizeof(Op) + 3 * sizeof(void*) <= kArgBytes, "kernel arguments too large");
+  constexpr int64_t kTile = TileShape<TL, Config>::kTile;
   constexpr bool kReduces = Op::kReduce != Reduce::kNone;
+
+  const int64_t max_blocks = resident_blocks<TL, Op, Config>();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   int* flag = noop_flag.data_ptr<int>();
 
   Table table;
-  table.chunk_elems = round_up(chunk_size, TileShape<TL>::kTile);
-  table.num_chunks = table.first_chunk = 0;
+  table.num_tiles = table.first_slot = 0;
   table.num_tensors = table.first_tensor = 0;
   auto flush = [&] {
-    // A reduction launches even without chunks: it records where its tensors' (no) partials are.
-    if (table.num_chunks > 0 || (kReduces && table.num_tensors > 0)) {
-      const int64_t blocks = std::max<int64_t>(1, std::min(table.num_chunks, max_blocks));
-      kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(table, flag, op, partials, tensor_chunk_end);
+    // A reduction launches even without tiles: it records that its tensors have no partials.
+    if (table.num_tiles > 0 || (kReduces && table.num_tensors > 0)) {
+      const int64_t blocks = std::max<int64_t>(1, std::min(table.num_tiles, max_blocks));
+      multi_tensor_kernel<TL, Op, Config><<<static_cast<unsigned>(blocks), Config::kThreads, 0, stream>>>(
+          table, flag, op, partials, slot_ranges);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+      table.first_slot += blocks + table.num_tensors;
     }
-    table.first_chunk += table.num_chunks;
     table.first_tensor += table.num_tensors;
-    table.num_chunks = 0;
+    table.num_tiles = 0;
     table.num_tensors = 0;
   };
   for (size_t t = 0; t < lists[0].size(); ++t) {
     const int n = table.num_tensors;
     for (int d = 0; d < D; ++d) table.ptrs[d][n] = lists[d][t].data_ptr();
     table.numel[n] = lists[0][t].numel();
-    table.num_chunks += (table.numel[n] + table.chunk_elems - 1) / table.chunk_elems;
-    table.chunk_end[n] = table.num_chunks;
+    table.num_tiles += (table.numel[n] + kTile - 1) / kTile;
+    table.tile_end[n] = table.num_tiles;
     table.num_tensors = n + 1;
     if (table.num_tensors == Table::kCapacity) flush();
   }
@@ -340,22 +407,24 @@ void launch(const char* name, int64_t chunk_size, const at::Tensor& noop_flag,
 template <class TL>
 void check_lists(const char* name, int64_t chunk_size, const at::Tensor& noop_flag,
                  const std::vector<at::TensorList>& lists) {
-  TORCH_CHECK(static_cast<int>(lists.size()) == TL::kDepth, name, ": expected ", TL::kDepth, " tensor lists, got ",
-              lists.size());
+  APEX_CHECK(static_cast<int>(lists.size()) == TL::kDepth, name, ": expected ", TL::kDepth, " tensor lists, got ",
+             lists.size());
   check_tensor_lists(name, chunk_size, noop_flag, lists);
-  TORCH_CHECK(noop_flag.is_cuda(), name, ": CUDA kernel called with a flag on ", noop_flag.device());
+  APEX_CHECK(noop_flag.is_cuda(), name, ": CUDA kernel called with a flag on ", noop_flag.device());
 }
 
 }  // namespace cuda
 
-struct CudaEngine {
+// The CUDA engine with launch shape Config (see cuda::LaunchConfig); ops use CudaEngine.
+template <class Config>
+struct CudaEngineWith {
   // Applies elementwise functor `op` to every element of the lists (element types TL).
   template <class TL, class Op>
   static void elementwise(const char* name, int64_t chunk_size, const at::Tensor& noop_flag,
                           const std::vector<at::TensorList>& lists, const Op& op) {
     cuda::check_lists<TL>(name, chunk_size, noop_flag, lists);
     const c10::cuda::CUDAGuard guard(noop_flag.device());
-    cuda::launch<TL>(name, chunk_size, noop_flag, lists, op, nullptr, nullptr);
+    cuda::launch<TL, Op, Config>(noop_flag, lists, op, nullptr, nullptr);
   }
 
   // Reduces the terms `op` returns (sum of squares -> L2 norm, or max of |x|), in total and per tensor.
@@ -365,21 +434,20 @@ struct CudaEngine {
     cuda::check_lists<TL>(name, chunk_size, noop_flag, lists);
     const c10::cuda::CUDAGuard guard(noop_flag.device());
     const int64_t num_tensors = static_cast<int64_t>(lists[0].size());
-    const int64_t chunk_elems = round_up(chunk_size, cuda::TileShape<TL>::kTile);
-    int64_t num_chunks = 0;
-    for (const at::Tensor& x : lists[0]) num_chunks += (x.numel() + chunk_elems - 1) / chunk_elems;
+    const int64_t slots = cuda::reduction_slots<TL, Op, Config>(num_tensors);
+    APEX_CHECK(slots + 2 * num_tensors <= std::numeric_limits<int>::max(), name, ": too many tensors (",
+               num_tensors, ")");
 
     NormOutputs out = allocate_norm_outputs(name, num_tensors, noop_flag, request);
-    const auto options = noop_flag.options();
-    at::Tensor partials = at::empty({std::max<int64_t>(num_chunks, 1)}, options.dtype(at::kFloat));
-    at::Tensor tensor_chunk_end = at::empty({num_tensors}, options.dtype(at::kLong));
-    cuda::launch<TL>(name, chunk_size, noop_flag, lists, op, partials.data_ptr<float>(),
-                     tensor_chunk_end.data_ptr<int64_t>());
-    TORCH_CHECK(num_tensors <= std::numeric_limits<int>::max(), name, ": too many tensors");
-    cuda::finish_norms_kernel<Op::kReduce><<<1, cuda::kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        partials.data_ptr<float>(), tensor_chunk_end.data_ptr<int64_t>(), static_cast<int>(num_tensors),
-        noop_flag.data_ptr<int>(), request.zero_if_flag_set, request.per_tensor, request.keep, request.take,
-        out.total.data_ptr<float>(), out.per_tensor.numel() ? out.per_tensor.data_ptr<float>() : nullptr);
+    // One scratch buffer: the partials, then each tensor's [first, end) range of partial slots.
+    at::Tensor scratch = at::empty({slots + 2 * num_tensors}, noop_flag.options().dtype(at::kFloat));
+    float* partials = scratch.data_ptr<float>();
+    int* slot_ranges = reinterpret_cast<int*>(partials + slots);
+    cuda::launch<TL, Op, Config>(noop_flag, lists, op, partials, slot_ranges);
+    cuda::finish_norms_kernel<Op::kReduce><<<1, cuda::kFinishThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        partials, slot_ranges, static_cast<int>(num_tensors), noop_flag.data_ptr<int>(), request.zero_if_flag_set,
+        request.per_tensor, request.keep, request.take, out.total.data_ptr<float>(),
+        out.per_tensor.numel() ? out.per_tensor.data_ptr<float>() : nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   }
@@ -387,11 +455,13 @@ struct CudaEngine {
   // Runs a one-off scalar update (amp's loss-scale bookkeeping) on the tensors' GPU.
   template <class F>
   static void run_once(const at::Tensor& on, const F& f) {
-    TORCH_CHECK(on.is_cuda(), "CUDA kernel called with a tensor on ", on.device());
+    APEX_CHECK(on.is_cuda(), "CUDA kernel called with a tensor on ", on.device());
     const c10::cuda::CUDAGuard guard(on.device());
     cuda::run_once_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(f);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };
+
+using CudaEngine = CudaEngineWith<cuda::DefaultLaunchConfig>;
 
 }  // namespace apex::multi_tensor

@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "apex/check.h"
 #include "apex/multi_tensor_math.h"
 
 #define APEX_HD C10_HOST_DEVICE
@@ -55,8 +56,8 @@ decltype(auto) dispatch_floating(at::ScalarType dtype, const char* op, const cha
       if constexpr (kWithDouble) return f(TypeTag<double>{});
       [[fallthrough]];
     default:
-      TORCH_CHECK(false, op, ": unsupported dtype ", dtype, " for ", what, " (expected float32, float16 or bfloat16",
-                  kWithDouble ? " or float64)" : ")");
+      APEX_CHECK(false, op, ": unsupported dtype ", dtype, " for ", what, " (expected float32, float16 or bfloat16",
+                 kWithDouble ? " or float64)" : ")");
   }
 }
 
@@ -69,11 +70,11 @@ void dispatch_param_state(const char* op, at::ScalarType params, at::ScalarType 
     if (states == params) {
       f(p, p);
     } else if constexpr (!std::is_same_v<P, float> && !std::is_same_v<P, double>) {
-      TORCH_CHECK(states == at::kFloat, op, ": optimizer states must be float32 or the params' dtype (", params,
-                  "), got ", states);
+      APEX_CHECK(states == at::kFloat, op, ": optimizer states must be float32 or the params' dtype (", params,
+                 "), got ", states);
       f(p, TypeTag<float>{});
     } else {
-      TORCH_CHECK(false, op, ": optimizer states must have the params' dtype (", params, "), got ", states);
+      APEX_CHECK(false, op, ": optimizer states must have the params' dtype (", params, "), got ", states);
     }
   });
 }
@@ -164,10 +165,10 @@ inline NormOutputs allocate_norm_outputs(const char* op, int64_t num_tensors, co
     out.per_tensor = at::empty({0}, options);
   } else {
     const at::Tensor& into = request.blend_into;
-    TORCH_CHECK(into.defined() && into.scalar_type() == at::kFloat && into.numel() == num_tensors &&
-                    into.is_contiguous() && into.device() == noop_flag.device(),
-                op, ": the per-tensor norm buffer must be a contiguous float32 tensor of ", num_tensors,
-                " elements on ", noop_flag.device());
+    APEX_CHECK(into.defined() && into.scalar_type() == at::kFloat && into.numel() == num_tensors &&
+                   into.is_contiguous() && into.device() == noop_flag.device(),
+               op, ": the per-tensor norm buffer must be a contiguous float32 tensor of ", num_tensors,
+               " elements on ", noop_flag.device());
     out.per_tensor = into;
   }
   return out;
@@ -180,39 +181,39 @@ inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1)
 // the same device as the int32 flag. Per-list dtypes are checked by each op's dispatch.
 inline void check_tensor_lists(const char* op, int64_t chunk_size, const at::Tensor& noop_flag,
                                const std::vector<at::TensorList>& lists) {
-  TORCH_CHECK(chunk_size > 0, op, ": chunk_size must be positive, got ", chunk_size);
-  TORCH_CHECK(noop_flag.scalar_type() == at::kInt, op, ": the noop/overflow flag must be an int32 tensor, got ",
-              noop_flag.scalar_type());
-  TORCH_CHECK(noop_flag.numel() >= 1, op, ": the noop/overflow flag must have at least one element");
-  TORCH_CHECK(!lists.empty() && !lists[0].empty(), op, ": the tensor lists are empty");
+  APEX_CHECK(chunk_size > 0, op, ": chunk_size must be positive, got ", chunk_size);
+  APEX_CHECK(noop_flag.scalar_type() == at::kInt, op, ": the noop/overflow flag must be an int32 tensor, got ",
+             noop_flag.scalar_type());
+  APEX_CHECK(noop_flag.numel() >= 1, op, ": the noop/overflow flag must have at least one element");
+  APEX_CHECK(!lists.empty() && !lists[0].empty(), op, ": the tensor lists are empty");
   const size_t count = lists[0].size();
   const at::Device device = noop_flag.device();
   for (size_t l = 0; l < lists.size(); ++l) {
-    TORCH_CHECK(lists[l].size() == count, op, ": tensor list ", l, " has ", lists[l].size(),
-                " tensors but list 0 has ", count);
+    APEX_CHECK(lists[l].size() == count, op, ": tensor list ", l, " has ", lists[l].size(),
+               " tensors but list 0 has ", count);
     for (size_t t = 0; t < count; ++t) {
       const at::Tensor& x = lists[l][t];
-      TORCH_CHECK(x.defined(), op, ": tensor ", t, " of list ", l, " is undefined");
-      TORCH_CHECK(x.device() == device, op, ": tensor ", t, " of list ", l, " is on ", x.device(),
-                  " but the flag is on ", device, " (all tensors and the flag must share one device)");
-      TORCH_CHECK(x.is_non_overlapping_and_dense(), op, ": tensor ", t, " of list ", l,
-                  " is not dense (make it contiguous)");
+      APEX_CHECK(x.defined(), op, ": tensor ", t, " of list ", l, " is undefined");
+      APEX_CHECK(x.device() == device, op, ": tensor ", t, " of list ", l, " is on ", x.device(),
+                 " but the flag is on ", device, " (all tensors and the flag must share one device)");
+      APEX_CHECK(x.is_non_overlapping_and_dense(), op, ": tensor ", t, " of list ", l,
+                 " is not dense (make it contiguous)");
       const at::Tensor& first = lists[0][t];
-      TORCH_CHECK(x.numel() == first.numel(), op, ": tensor ", t, " of list ", l, " has ", x.numel(),
-                  " elements but list 0 has ", first.numel());
-      TORCH_CHECK(x.numel() <= 1 || x.strides() == first.strides(), op, ": tensor ", t, " of list ", l,
-                  " has a different memory layout than tensor ", t, " of list 0");
+      APEX_CHECK(x.numel() == first.numel(), op, ": tensor ", t, " of list ", l, " has ", x.numel(),
+                 " elements but list 0 has ", first.numel());
+      APEX_CHECK(x.numel() <= 1 || x.strides() == first.strides(), op, ": tensor ", t, " of list ", l,
+                 " has a different memory layout than tensor ", t, " of list 0");
     }
   }
 }
 
 // The one dtype shared by every tensor of `list` (`what` names the list in errors).
 inline at::ScalarType list_dtype(const char* op, at::TensorList list, const char* what) {
-  TORCH_CHECK(!list.empty(), op, ": the tensor lists are empty (", what, " has no tensors)");
+  APEX_CHECK(!list.empty(), op, ": the tensor lists are empty (", what, " has no tensors)");
   const at::ScalarType dtype = list[0].scalar_type();
   for (size_t t = 1; t < list.size(); ++t) {
-    TORCH_CHECK(list[t].scalar_type() == dtype, op, ": every tensor of ", what, " must share one dtype (tensor 0 is ",
-                dtype, ", tensor ", t, " is ", list[t].scalar_type(), ")");
+    APEX_CHECK(list[t].scalar_type() == dtype, op, ": every tensor of ", what, " must share one dtype (tensor 0 is ",
+               dtype, ", tensor ", t, " is ", list[t].scalar_type(), ")");
   }
   return dtype;
 }
@@ -220,12 +221,12 @@ inline at::ScalarType list_dtype(const char* op, at::TensorList list, const char
 // A 1-element scalar tensor that kernels read on their own device (capturable optimizers).
 inline void check_scalar_tensor(const char* op, const at::Tensor& x, const at::Tensor& flag, const char* what,
                                 std::initializer_list<at::ScalarType> dtypes) {
-  TORCH_CHECK(x.defined() && x.numel() == 1, op, ": ", what, " must be a one-element tensor");
-  TORCH_CHECK(x.device() == flag.device(), op, ": ", what, " is on ", x.device(), " but the tensors are on ",
-              flag.device());
+  APEX_CHECK(x.defined() && x.numel() == 1, op, ": ", what, " must be a one-element tensor");
+  APEX_CHECK(x.device() == flag.device(), op, ": ", what, " is on ", x.device(), " but the tensors are on ",
+             flag.device());
   bool ok = false;
   for (auto d : dtypes) ok = ok || x.scalar_type() == d;
-  TORCH_CHECK(ok, op, ": ", what, " has unsupported dtype ", x.scalar_type());
+  APEX_CHECK(ok, op, ": ", what, " has unsupported dtype ", x.scalar_type());
 }
 
 }  // namespace apex::multi_tensor

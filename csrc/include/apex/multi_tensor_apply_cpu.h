@@ -130,10 +130,10 @@ template <class TL, class Op>
 std::vector<typename TL::Math> run_all(const char* name, int64_t chunk_size, const at::Tensor& noop_flag,
                                        const std::vector<at::TensorList>& lists, const Op& op,
                                        std::vector<Chunk>& chunks) {
-  TORCH_CHECK(static_cast<int>(lists.size()) == TL::kDepth, name, ": expected ", TL::kDepth, " tensor lists, got ",
-              lists.size());
+  APEX_CHECK(static_cast<int>(lists.size()) == TL::kDepth, name, ": expected ", TL::kDepth, " tensor lists, got ",
+             lists.size());
   check_tensor_lists(name, chunk_size, noop_flag, lists);
-  TORCH_CHECK(noop_flag.is_cpu(), name, ": CPU kernel called with a flag on ", noop_flag.device());
+  APEX_CHECK(noop_flag.is_cpu(), name, ": CPU kernel called with a flag on ", noop_flag.device());
   chunks = split_into_chunks(lists[0], round_up(chunk_size, kBlock));
   std::vector<typename TL::Math> partials(chunks.size(), 0);
   int* flag = noop_flag.data_ptr<int>();

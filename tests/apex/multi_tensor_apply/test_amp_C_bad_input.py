@@ -32,12 +32,29 @@ def test_wrong_number_of_lists(amp_C, flag):
         amp_C.multi_tensor_adam(CHUNK, flag, [lists(), lists(), lists()], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
 
 
-def test_mismatched_sizes_and_layout(amp_C, flag):
+def test_mismatched_sizes_and_layout(amp_C, flag, device):
     with pytest.raises(RuntimeError, match="has 11 elements but list 0 has 10"):
-        amp_C.multi_tensor_scale(CHUNK, flag, [lists(1), [torch.ones(11)]], 1.0)
-    x = torch.ones(10, 10)
+        amp_C.multi_tensor_scale(CHUNK, flag, [lists(1, device), [torch.ones(11, device=device)]], 1.0)
+    x = torch.ones(10, 10, device=device)
     with pytest.raises(RuntimeError, match="not dense"):
-        amp_C.multi_tensor_scale(CHUNK, flag, [[x[:, :5]], [torch.ones(10, 5)]], 1.0)
+        amp_C.multi_tensor_scale(CHUNK, flag, [[x[:, :5]], [torch.ones(10, 5, device=device)]], 1.0)
+
+
+def test_sparse_tensors(amp_C, flag):
+    sparse = torch.ones(10).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse gradients are not supported"):
+        amp_C.multi_tensor_l2norm(CHUNK, flag, [[sparse.to(flag.device)]])
+
+
+def test_lists_that_are_not_lists_of_tensors(amp_C, flag):
+    with pytest.raises(TypeError):
+        amp_C.multi_tensor_scale(CHUNK, flag, [lists(1, flag.device), [1.0]], 1.0)
+    # A tensor where a list of tensors belongs is refused, not iterated into 0-dim tensors.
+    x = torch.ones(10, device=flag.device)
+    with pytest.raises(TypeError):
+        amp_C.multi_tensor_l2norm(CHUNK, flag, [x])
+    with pytest.raises(TypeError):
+        amp_C.multi_tensor_scale(CHUNK, flag, [x, x], 1.0)
 
 
 def test_bad_dtypes(amp_C, flag):
