@@ -166,6 +166,19 @@ class FusedOptimizer(torch.optim.Optimizer):
         if self.steps_on_device and devices:
             self._lr_tensor(self.param_groups[-1], devices.pop())
 
+    # Private attributes that are settings, not caches: pickled with the public ones.
+    _pickled_private_attributes = ("_step_supports_amp_scaling", "_initial_step")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch.optim.Optimizer pickles only defaults, state and param_groups; the settings kept
+        # as attributes (adam_w_mode, capturable, set_grad_none, ...) must survive too, or a
+        # deepcopy'd or unpickled optimizer would silently run another algorithm.
+        state = dict(super().__getstate__())
+        for key, value in self.__dict__.items():
+            if key not in state and (not key.startswith("_") or key in self._pickled_private_attributes):
+                state[key] = value
+        return state
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         # Unpickled optimizers start with no cached flags or plans.

@@ -1,5 +1,8 @@
 """Every fused optimizer resumes bit-identically from a saved state dict, float32 state of
 fp16/bf16 params included."""
+import copy
+import pickle
+
 import pytest
 import torch
 from optimizer_testing import DEVICES, clone_params, make_params, save_and_load, train
@@ -48,3 +51,27 @@ def test_resume_is_bit_identical(device, name):
     train(second, resumed, range(10, 20), late)
     for index, (param, expected) in enumerate(zip(resumed, uninterrupted)):
         assert torch.equal(param, expected), f"param {index} differs after resuming"
+
+
+@pytest.mark.parametrize("copy_kind", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_copied_optimizer_keeps_settings_and_resumes(name, copy_kind):
+    """deepcopy / pickle of (params, optimizer) mid-training keeps the settings held as attributes
+    (adam_w_mode, capturable, set_grad_none, ...), not only the param groups, and trains on identically."""
+    make_optimizer, dtype = OPTIMIZERS[name]
+    late = name not in SAME_START
+    params = make_params(dtype, "cpu")
+    optimizer = make_optimizer(params)
+    train(optimizer, params, range(10), late)
+    if copy_kind == "deepcopy":
+        params_copy, optimizer_copy = copy.deepcopy((params, optimizer))
+    else:
+        params_copy, optimizer_copy = pickle.loads(pickle.dumps((params, optimizer)))
+    settings = {k: v for k, v in vars(optimizer).items() if not k.startswith("_") and k not in ("defaults", "state", "param_groups")}
+    assert settings, "the optimizer has settings to compare"
+    for key, value in settings.items():
+        assert getattr(optimizer_copy, key) == value, key
+    train(optimizer, params, range(10, 20), late)
+    train(optimizer_copy, params_copy, range(10, 20), late)
+    for index, (param, expected) in enumerate(zip(params_copy, params)):
+        assert torch.equal(param, expected), f"param {index} differs after the copy"
