@@ -117,6 +117,21 @@ def test_many_rows_cuda(rms, cols):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("memory_efficient", [False, True], ids=["keep_input", "memory_efficient"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["same_dtype", "fp32_params"])
+@pytest.mark.parametrize("cols", [14336, 16384])
+def test_wide_rows_cuda(dtype, memory_efficient, mixed, cols):
+    """LayerNorm rows wide enough that the backward splits each over a cluster of blocks (sm_90+),
+    with more rows than the persistent grid holds at once."""
+    if mixed and dtype == torch.float32:
+        pytest.skip("mixed dtypes need a half input")
+    x = torch.randn(700, cols, dtype=torch.float64).to(device="cuda", dtype=dtype)
+    check(x, [cols], rms=False, affine=True, memory_efficient=memory_efficient, mixed=mixed,
+          param_dtype=torch.float32 if mixed else None)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
 def test_unaligned_input_cuda(rms):
     """A view starting 2 bytes into its storage cannot use 16-byte loads: the scalar path must agree."""
