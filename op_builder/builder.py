@@ -99,15 +99,20 @@ class OpBuilder:
         return ""
 
     # ---- cache key ----------------------------------------------------------------------
-    def fingerprint(self, with_gpu: bool) -> dict:
-        """Everything a built module depends on; any change means a different cache entry."""
+    def fingerprint(self, with_gpu: bool, portable: bool = False) -> dict:
+        """Everything a built module depends on; any change means a different cache entry.
+
+        ``portable`` (prebuilt wheels) leaves out the flags for this machine's CPU."""
         import torch
+
+        from op_builder import toolchain
 
         return {
             "op": self.NAME,
             "builder_format": BUILDER_FORMAT,
             "sources_sha256": self._hash_inputs(),
             "cxx_flags": self.cxx_flags(),
+            "cpu_flags": [] if portable else list(toolchain.host_cpu_flags()),
             "nvcc_flags": self.nvcc_flags() if with_gpu else [],
             "torch": torch.__version__,
             "cuda": torch.version.cuda,

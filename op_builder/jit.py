@@ -27,8 +27,9 @@ from op_builder.lock import FileLock
 VERBOSE_ENV = "APEX_JIT_VERBOSE"
 _PR_SET_PDEATHSIG = 1
 # Fingerprint fields a prebuilt module may differ in from a JIT build and still serve:
-# it was built for the GPU archs of the build machine (checked separately).
-_PREBUILT_FREE_FIELDS = {"gpu", "archs", "nvcc_flags"}
+# it was built for the GPU archs of the build machine (checked separately), and for no
+# particular CPU (host_cpu_flags: only JIT builds target the CPU they run on).
+_PREBUILT_FREE_FIELDS = {"gpu", "archs", "nvcc_flags", "cpu_flags"}
 
 _loaded: dict[str, ModuleType] = {}
 _loading = threading.RLock()
@@ -113,7 +114,7 @@ def compile_module(builder: OpBuilder, fingerprint: dict, build_dir: Path, faile
         "name": builder.NAME,
         "sources": [str(s) for s in builder.sources(with_gpu)],
         "include_dirs": builder.compile_include_dirs(with_gpu),
-        "cxx_flags": builder.cxx_flags(),
+        "cxx_flags": builder.cxx_flags() + fingerprint["cpu_flags"],
         "nvcc_flags": builder.nvcc_flags() if with_gpu else [],
         "build_dir": str(build_dir),
         "with_gpu": with_gpu,

@@ -57,7 +57,7 @@ def extensions(source_root: Path) -> tuple[list, dict]:
             include_dirs=builder.compile_include_dirs(with_gpu),
             extra_compile_args={"cxx": builder.cxx_flags(), "nvcc": builder.nvcc_flags() if with_gpu else []},
         ))
-        fingerprints[cls.NAME] = builder.fingerprint(with_gpu)
+        fingerprints[cls.NAME] = builder.fingerprint(with_gpu, portable=True)
         print(f"apex: prebuilding '{cls.NAME}'" + (f" for archs {fingerprints[cls.NAME]['archs']}" if with_gpu else ""))
 
     class BuildExtensionWithManifest(BuildExtension):

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from op_builder import jit, toolchain
 from op_builder.builder import CppOpBuilder
 from jit_helpers import LOAD_TINY, python_env, run_python, write_tiny_source
 
@@ -56,6 +57,13 @@ def test_cache_key_covers_torch_version_flags_and_sources(tiny_root, monkeypatch
     assert builder.key(builder.fingerprint(with_gpu=False)) != base
     monkeypatch.undo()
 
+    # A build for another CPU (AVX2 flags or not) is another entry: a shared home directory
+    # never hands a module built with AVX2 to a machine without it.
+    flags = tuple(toolchain.host_cpu_flags())
+    monkeypatch.setattr(toolchain, "host_cpu_flags", lambda: () if flags else ("-mavx2",))
+    assert builder.key(builder.fingerprint(with_gpu=False)) != base
+    monkeypatch.undo()
+
     write_tiny_source(tiny_root, value=7)
     assert builder.key(builder.fingerprint(with_gpu=False)) != base
 
@@ -75,3 +83,22 @@ def test_verbose_shows_compiler_output(cache_dir, tiny_root, env_var):
     result = run_python(LOAD_TINY, python_env(cache_dir, **{env_var: "1"}), str(tiny_root))
     assert "answer 42" in result.stdout, result.stderr
     assert "tiny.cpp" in result.stderr  # ninja -v echoes the compile command
+
+
+def test_cpu_flags_follow_the_cpu_and_prebuilt_modules_stay_portable(tiny_root, monkeypatch):
+    """JIT builds compile the C++ kernels for this CPU (ATen's AVX2 Vectorized where torch
+    finds AVX2); prebuilt fingerprints carry no CPU flags and still serve on any CPU."""
+    class Tiny(CppOpBuilder):
+        NAME = "tiny_op"
+        CPP_SOURCES = ["tiny/tiny.cpp"]
+
+    builder = Tiny(source_root=tiny_root)
+    has_avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    jit_fingerprint = builder.fingerprint(with_gpu=False)
+    assert ("-DCPU_CAPABILITY_AVX2" in jit_fingerprint["cpu_flags"]) == has_avx2
+    portable = builder.fingerprint(with_gpu=False, portable=True)
+    assert portable["cpu_flags"] == []
+
+    monkeypatch.setattr(jit, "prebuilt_manifest", lambda name: {"fingerprint": portable, "file": "tiny_op.so"})
+    path, differing = jit.find_prebuilt(builder, dict(jit_fingerprint, cpu_flags=["-mavx2"]))
+    assert differing == [] and path is not None and path.name == "tiny_op.so"
