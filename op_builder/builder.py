@@ -88,7 +88,9 @@ class OpBuilder:
         return [str(d.resolve()) for d in self.include_dirs()] + (toolchain.cuda_library_header_dirs() if with_gpu else [])
 
     def cxx_flags(self) -> list[str]:
-        return _CXX_FLAGS + self.EXTRA_CXX_FLAGS
+        from op_builder import toolchain
+
+        return _CXX_FLAGS + toolchain.openmp_flags() + self.EXTRA_CXX_FLAGS
 
     def nvcc_flags(self) -> list[str]:
         import torch

@@ -84,6 +84,15 @@ def cuda_library_header_dirs(env=os.environ) -> list[str]:
     return sorted(str(d) for base in nvidia.__path__ for d in Path(base).glob("*/include") if d.is_dir())
 
 
+def openmp_flags() -> list[str]:
+    """-fopenmp when torch runs on OpenMP: at::parallel_for is inline in ATen's headers, a
+    `#pragma omp parallel` that without the flag compiles to a serial loop (amp_C's CPU kernels
+    ran on one thread). Not linked: the symbols resolve to the OpenMP runtime torch loads."""
+    import torch
+
+    return ["-fopenmp"] if torch._C.has_openmp else []
+
+
 # x86-64 flags (and the macros that make ATen's at::vec::Vectorized use its AVX2 code) for
 # the C++ CPU kernels, as torch builds its own AVX2 kernels. Without them Vectorized is
 # ATen's generic scalar fallback: amp_C's CPU AdamW ran 10x slower (47 vs 4.7 ms for 4.2M

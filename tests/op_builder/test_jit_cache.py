@@ -98,6 +98,8 @@ def test_cpu_flags_follow_the_cpu_and_prebuilt_modules_stay_portable(tiny_root, 
     assert ("-DCPU_CAPABILITY_AVX2" in jit_fingerprint["cpu_flags"]) == has_avx2
     portable = builder.fingerprint(with_gpu=False, portable=True)
     assert portable["cpu_flags"] == []
+    # at::parallel_for is an inline `#pragma omp parallel`: without -fopenmp it runs serially.
+    assert ("-fopenmp" in builder.cxx_flags()) == torch._C.has_openmp
 
     monkeypatch.setattr(jit, "prebuilt_manifest", lambda name: {"fingerprint": portable, "file": "tiny_op.so"})
     path, differing = jit.find_prebuilt(builder, dict(jit_fingerprint, cpu_flags=["-mavx2"]))
