@@ -15,10 +15,12 @@ import operator
 from collections.abc import Callable, Iterable
 from itertools import chain
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from op_builder import load_op
+
+_Kept = TypeVar("_Kept")
 
 REDUCED_PRECISION = (torch.float16, torch.bfloat16)
 SUPPORTED_DTYPES = (torch.float32, *REDUCED_PRECISION)
@@ -235,6 +237,16 @@ class FusedOptimizer(torch.optim.Optimizer):
         when ``params`` is not a list of the plan of the group being updated."""
         return None if self._active_plan is None else self._active_plan.memo(params)
 
+    def _kept(self, params: list[torch.Tensor], key: Any, compute: Callable[[], _Kept]) -> _Kept:
+        """``compute()``, run once and kept under ``key`` while ``params`` is a launch list of the
+        group being updated (see ``_memo``); run every time otherwise."""
+        memo = self._memo(params)
+        if memo is None:
+            return compute()
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
     def _prepare_step(self, buckets: list[tuple[dict[str, Any], dict[torch.dtype, list[torch.Tensor]]]]) -> None:
         """Work a step needs across all groups before any update (LAMB's global grad norm)."""
 
@@ -276,25 +288,19 @@ class FusedOptimizer(torch.optim.Optimizer):
         return by_dtype
 
     def _ensure_state(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        memo = self._memo(params)
-        if memo is not None and memo.get("state_ready"):
-            return
-        for param in params:
-            state = self.state[param]
-            if not state:
-                self._init_state(group, param, state)
-        if memo is not None:
-            memo["state_ready"] = True
+        def init_missing() -> bool:
+            for param in params:
+                state = self.state[param]
+                if not state:
+                    self._init_state(group, param, state)
+            return True
+
+        self._kept(params, "state_ready", init_missing)
 
     def _tensor_lists(self, params: list[torch.Tensor], *state_keys: str) -> list[list[torch.Tensor]]:
         """``[grads, params, state[key] for each key]``: the tensor lists of one launch."""
-        memo = self._memo(params)
-        state_lists = None if memo is None else memo.get(state_keys)
-        if state_lists is None:
-            states = [self.state[p] for p in params]
-            state_lists = [[s[key] for s in states] for key in state_keys]
-            if memo is not None:
-                memo[state_keys] = state_lists
+        state_lists = self._kept(params, state_keys,
+                                 lambda: [[self.state[p][key] for p in params] for key in state_keys])
         return [self._grads(params), params, *state_lists]
 
     def _grads(self, params: list[torch.Tensor]) -> list[torch.Tensor | None]:
@@ -314,23 +320,24 @@ class FusedOptimizer(torch.optim.Optimizer):
         Kernels take one step count per launch; params that started later (a frozen layer
         unfrozen) form their own launch.
         """
-        memo = self._memo(params)
-        counters = None if memo is None else memo.get("steps")
-        if counters is None:
-            by_step: dict[int, list[torch.Tensor]] = {}
-            for param, step in zip(params, torch.stack([self.state[p]["step"] for p in params]).tolist()):
-                by_step.setdefault(int(step), []).append(param)
-            counters = [
-                _StepCounter(self.state, same, torch.full((len(same),), float(step), dtype=torch.float32), step)
-                for step, same in by_step.items()
-            ]
-            if memo is not None:
-                memo["steps"] = counters
-                for counter in counters:
-                    self._active_plan.register(counter.params)
+        counters = self._kept(params, "steps", lambda: self._host_step_counters(params))
         for counter in counters:
             counter.advance()
         return {counter.step: counter.params for counter in counters}
+
+    def _host_step_counters(self, params: list[torch.Tensor]) -> list[_StepCounter]:
+        """One counter per distinct current step of ``params``."""
+        by_step: dict[int, list[torch.Tensor]] = {}
+        for param, step in zip(params, torch.stack([self.state[p]["step"] for p in params]).tolist()):
+            by_step.setdefault(int(step), []).append(param)
+        counters = [
+            _StepCounter(self.state, same, torch.full((len(same),), float(step), dtype=torch.float32), step)
+            for step, same in by_step.items()
+        ]
+        if self._memo(params) is not None:  # kept: each counter's params are a launch list of their own
+            for counter in counters:
+                self._active_plan.register(counter.params)
+        return counters
 
     def _advance_device_steps(self, params: list[torch.Tensor], found_inf: torch.Tensor) -> torch.Tensor:
         """Add one to each param's on-device step unless ``found_inf``; return the step as the

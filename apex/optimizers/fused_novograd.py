@@ -89,12 +89,10 @@ class FusedNovoGrad(FusedOptimizer):
     def _norms(self, params: list[torch.Tensor]) -> torch.Tensor:
         """The params' ``state['exp_avg_sq']`` as views of one float32 vector, which the kernel
         blends the new grad norms into in place (kept between steps like the launch lists)."""
-        memo = self._memo(params)
-        norms = None if memo is None else memo.get("norms")
-        if norms is None:
+        def stack() -> torch.Tensor:
             norms = torch.stack([self.state[p]["exp_avg_sq"] for p in params])
             for param, view in zip(params, norms.unbind()):
                 self.state[param]["exp_avg_sq"] = view
-            if memo is not None:
-                memo["norms"] = norms
-        return norms
+            return norms
+
+        return self._kept(params, "norms", stack)
