@@ -6,12 +6,12 @@ welford_parallel merges them into the global statistics - exact for any mix of
 per-rank batch sizes. Backward: each rank reduces sum(dy) and sum(dy * (x - mean)),
 one all_reduce makes them global, and the input gradient follows element-wise.
 
-Nothing here waits for the GPU: counts are written on the device (torch.full, kept
-for reuse), never copied from the host, because a blocking host-to-device copy would
-stall the host until every queued kernel finished, leaving the GPU idle while the next
-launches are issued. For the same reason the forward queues its small side work (parameter
-conversions before the statistics, running-statistics updates after the
-normalization) so that few host calls separate the two large kernels.
+Nothing here waits for the GPU: counts are written on the device (torch.full), never
+copied from the host, because a blocking host-to-device copy would stall the host until
+every queued kernel finished, leaving the GPU idle while the next launches are issued.
+For the same reason the forward queues its small side work (parameter conversions before
+the statistics, running-statistics updates after the normalization) so that few host
+calls separate the two large kernels.
 
 A step is host-bound on a fast GPU (the kernels take less time than the Python,
 dispatcher and autograd work that launches them), so this function keeps the ops it

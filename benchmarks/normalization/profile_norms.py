@@ -31,6 +31,8 @@ PROFILED_STEPS = 10
 # Trace fields shown per kernel, and their column titles.
 FIELDS = {"grid": "grid", "block": "block", "registers per thread": "regs", "shared memory": "smem",
           "warps per SM": "warps/SM"}
+# Kernels that move the data, by a part of their name, and the N·H elements each moves.
+ELEMENTS_MOVED = {"forward": 2, "backward_in_registers": 3, "backward_streaming": 3}
 
 
 def kernel_events(step, steps: int) -> list[dict]:
@@ -81,8 +83,7 @@ def main() -> None:
     for name, events in sorted(by_name.items(), key=lambda item: -sum(e["dur"] for e in item[1])):
         mean_us = sum(e["dur"] for e in events) / len(events)
         shape = "  ".join(f"{title}={events[0]['args'].get(field)}" for field, title in FIELDS.items())
-        moved = {"forward": 2, "backward_in_registers": 3, "backward_streaming": 3}
-        passes = next((n for key, n in moved.items() if key in name), None)
+        passes = next((n for key, n in ELEMENTS_MOVED.items() if key in name), None)
         share = ""
         if passes:
             share = f"  {passes * rows * cols * element_bytes / (mean_us * 1e3) / copy_gbs * 100:.1f}% copy"
