@@ -75,3 +75,36 @@ class BandwidthTable:
 
     def print(self) -> None:
         print(self.render(), flush=True)
+
+
+def graph_time_ms(fn: Callable[[], object], *, calls: int = 10, warmup: int = 3, iters: int = 20) -> float:
+    """Device time of one ``fn()`` call: ``calls`` back-to-back calls captured in one CUDA graph,
+    replayed; host overhead (Python, dispatcher, autograd bookkeeping) is left out for every
+    implementation alike. fn is warmed up (and any torch.compile compiled) on a side stream first."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    ms = time_ms(graph.replay, warmup=warmup, iters=iters) / calls
+    del graph
+    return ms
+
+
+# Exit status of a benchmark that needs GPUs this machine lacks: `make bench` lists it as
+# "needs a GPU (skipped here)" instead of failing (77: automake's "skipped" test status).
+SKIPPED_EXIT = 77
+
+
+def require_gpu(script: str, count: int = 1) -> None:
+    """Call first in a benchmark that times CUDA: without ``count`` visible GPUs it says so in one
+    line and exits with SKIPPED_EXIT (no traceback), so `make bench` on a CPU runs the rest."""
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found < count:
+        print(f"{script}: needs {count} CUDA GPU{'s' if count > 1 else ''} ({found} visible): skipped", flush=True)
+        raise SystemExit(SKIPPED_EXIT)

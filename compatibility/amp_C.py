@@ -1,3 +1,3 @@
-"""amp_C: NVIDIA apex's multi-tensor kernels (fused optimizers, amp unscale, norms). Compiled on first attribute access (see op_builder)."""
-from op_builder.lazy import lazy_module_getattr
-__getattr__, __dir__ = lazy_module_getattr(__name__)
+"""amp_C: NVIDIA (and ROCm) apex's multi-tensor kernels (fused optimizers, amp unscale, norms): torch.ops.apex.* ops, compiled on first attribute access."""
+from apex._faces import face_module
+__getattr__, __dir__ = face_module(__name__)

@@ -1,3 +1,3 @@
-"""apex_C: flatten/unflatten of tensor lists. Compiled on first attribute access (see op_builder)."""
-from op_builder.lazy import lazy_module_getattr
-__getattr__, __dir__ = lazy_module_getattr(__name__)
+"""apex_C: flatten/unflatten of tensor lists (torch.ops.apex.apex_C_*; compiled on first attribute access)."""
+from apex._faces import face_module
+__getattr__, __dir__ = face_module(__name__)

@@ -1,3 +1,3 @@
-"""fused_layer_norm_cuda: fused LayerNorm/RMSNorm forward and backward (CPU and CUDA). Compiled on first attribute access (see op_builder)."""
-from op_builder.lazy import lazy_module_getattr
-__getattr__, __dir__ = lazy_module_getattr(__name__)
+"""fused_layer_norm_cuda: NVIDIA apex's fused LayerNorm/RMSNorm functions (CPU and CUDA; compiled on first attribute access)."""
+from apex._faces import face_module
+__getattr__, __dir__ = face_module(__name__)

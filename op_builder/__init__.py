@@ -1,12 +1,21 @@
-"""apex's op builder: declare an op in op_builder/ops/, get it compiled on first use.
+"""apex's op builder (``apex.op_builder``): declare an op in ops/, get it compiled on first use.
 
-    from op_builder import load_op
-    amp_C = load_op("amp_C")
+    from apex.op_builder import load_op
+    path = load_op("my_op")        # the op library is loaded: torch.ops.apex.my_op_* exist
 
-See README.md ("How ops are built") for the lifecycle, the cache and the env vars.
+The wheel installs this folder as ``apex.op_builder``; in the source tree ``apex/op_builder`` is a
+link to it. See README.md ("How ops are built") for the lifecycle, the cache and the env vars.
 """
-from op_builder.errors import OpBuildError, OpNotCompatibleError, UnsafeCacheDirError
-from op_builder.jit import load_op
-from op_builder.registry import all_builders, builder_for
+if __name__ == "op_builder":
+    # The source tree's old top-level name (still used during the move to apex.op_builder):
+    # the very same modules under a second name, never a second copy of their state.
+    from ._source_alias import alias_package
 
-__all__ = ["load_op", "all_builders", "builder_for", "OpBuildError", "OpNotCompatibleError", "UnsafeCacheDirError"]
+    alias_package("op_builder", "apex.op_builder")
+else:
+    from .errors import OpBuildError, OpNotCompatibleError, UnsafeCacheDirError
+    from .jit import load_op
+    from .registry import all_builders, builder_for
+
+    __all__ = ["load_op", "all_builders", "builder_for", "OpBuildError", "OpNotCompatibleError",
+               "UnsafeCacheDirError"]

@@ -1,40 +1,51 @@
-"""Compile an op's full source set (CPU + GPU kernels) without a GPU, to check that it builds.
+"""Compile ops' full source sets (CPU + GPU kernels) without a GPU, to check that they build.
 
-    TORCH_CUDA_ARCH_LIST=9.0 python -m op_builder.compile_check amp_C [more ops]
+    TORCH_CUDA_ARCH_LIST=9.0 python -m apex.op_builder.compile_check amp_C [more ops] [--fast]
+    python -m apex.op_builder.compile_check --all --fast
 
-Builds into a scratch directory (nothing enters the cache) and reports the time.
-A JIT build without a visible GPU compiles only the CPU sources; this is how a
-kernel author without a GPU keeps the CUDA sources compiling.
+A JIT build without a visible GPU compiles only the CPU sources; this is how a kernel author
+without a GPU (and CI) keeps the CUDA sources compiling. Builds go to private temporary
+directories (nothing enters the cache); a failed build's directory, with its log, is kept and
+named. --fast skips what only matters for running the kernels (device code generation beyond
+PTX, optimisation): it says whether the sources compile, in a fraction of the time.
 """
+from __future__ import annotations
+
 import argparse
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from op_builder.errors import OpBuildError
-from op_builder.jit import compile_module
-from op_builder.registry import builder_for
+from .compiler import compile_library
+from .errors import OpBuildError
+from .plan import Purpose, plan_build
+from .registry import all_builders, builder_for
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("ops", nargs="+", help="op names, e.g. amp_C")
+    parser.add_argument("ops", nargs="*", help="op names, e.g. amp_C")
+    parser.add_argument("--all", action="store_true", help="every registered op")
+    parser.add_argument("--fast", action="store_true", help="PTX only, unoptimised: does it compile?")
     args = parser.parse_args(argv)
+    names = list(all_builders()) if args.all else args.ops
+    if not names:
+        parser.error("name ops to check, or --all")
     failed = 0
-    for name in args.ops:
-        builder = builder_for(name)
-        with_gpu = builder.GROUP == "CUDA"
-        build_dir = Path(tempfile.mkdtemp(prefix=f"apex-check-{name}-"))
+    for name in names:
+        plan = plan_build(builder_for(name), Purpose.CHECK, fast=args.fast)
+        build_dir = Path(tempfile.mkdtemp(prefix=f"apex-check-{name}-"))  # private (0700), never a fixed name
         try:
-            seconds = compile_module(builder, builder.fingerprint(with_gpu), build_dir,
-                                     failed_log=Path(tempfile.gettempdir()) / f"apex-check-{name}.log")
-            print(f"{name}: compiled ({'CPU + GPU' if with_gpu else 'CPU'}) in {seconds:.0f} s")
+            seconds = compile_library(plan, build_dir, failed_log=build_dir / "failed.log")
         except OpBuildError as error:
             print(error, file=sys.stderr)
             failed += 1
-        finally:
-            shutil.rmtree(build_dir, ignore_errors=True)
+            if not (build_dir / "failed.log").exists():  # refused before compiling: nothing to keep
+                shutil.rmtree(build_dir, ignore_errors=True)
+            continue
+        shutil.rmtree(build_dir, ignore_errors=True)
+        print(f"{name}: compiled ({plan.target()}{', fast' if args.fast else ''}) in {seconds:.0f} s", flush=True)
     return 1 if failed else 0
 
 

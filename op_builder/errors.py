@@ -14,8 +14,8 @@ from pathlib import Path
 _GCC_ERROR = re.compile(r"^\S[^:\n]*:\d+(?::\d+)?:\s+(?:fatal\s+)?error\b")
 # file(line): [catastrophic ]error ...  (nvcc front end)
 _NVCC_ERROR = re.compile(r"^\S.*\(\d+\):\s+(?:catastrophic\s+)?error\b")
-# Linker and loader failures carry no file:line but are just as real.
-_LINK_ERROR = re.compile(r"undefined reference to|undefined symbol:|cannot find -l|ld returned|nvcc fatal|ImportError|error: command")
+# Linker, loader and ninja failures carry no file:line but are just as real.
+_LINK_ERROR = re.compile(r"undefined reference to|undefined symbol:|cannot find -l|ld returned|nvcc fatal|ImportError|error: command|^ninja: error:")
 
 # Known causes recognised in a build log, each with the one line that fixes it.
 _LOG_HINTS = (
@@ -81,6 +81,23 @@ def failing_command(log: str) -> str:
         if line.startswith("FAILED:") and i + 1 < len(lines):
             return lines[i + 1].strip()
     return ""
+
+
+def build_error_from_log(op: str, log: str, log_path: Path) -> OpBuildError:
+    """The OpBuildError for a failed build whose whole output is ``log`` (saved at ``log_path``)."""
+    if "FAILED:" in log:
+        summary = "compilation failed"
+    elif re.search(r"ImportError|OSError: .*\.so", log):
+        summary = "the library compiled but does not load"
+    else:  # no compiler ran into an error: the build child's own last words name the cause
+        summary = "the build failed: " + (last_line(log) or "no output")
+    return OpBuildError(op, summary, errors=first_error_lines(log), command=failing_command(log),
+                        log_path=log_path, hint=hint_for_log(log))
+
+
+def last_line(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def hint_for_log(log: str) -> str:

@@ -1,190 +1,144 @@
-"""First use of an op: find a prebuilt module, else a cached build, else compile one.
+"""First use of an op: a prebuilt library if the wheel has a matching one, else a cached build,
+else one compiled now (once across processes), then loaded into this process.
 
-    load_op("amp_C")  ->  the compiled pybind module (its torch.ops.apex.* ops registered)
+    load_op("my_op")  ->  Path of the loaded library (its torch.ops.apex.* ops registered)
 
-Compilation announces itself on stderr (op, why, where); cache hits are silent.
+An op library is a plain shared library (no Python module) loaded with torch.ops.load_library.
+Compilation announces itself (op, why, where); cache hits are silent. A library is checked against the size
+and checksum recorded when it was built before it is loaded: a corrupt one is rebuilt.
 """
 from __future__ import annotations
 
-import ctypes
-import importlib.util
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from types import ModuleType
+from typing import Optional
 
-from op_builder import cache, paths, registry, toolchain
-from op_builder.builder import OpBuilder
-from op_builder.errors import OpBuildError, OpNotCompatibleError, failing_command, first_error_lines, hint_for_log
-from op_builder.lock import FileLock
+from . import cache, integrity, notice, paths, registry
+from .archs import covers_visible_gpus
+from .builder import OpBuilder
+from .compiler import compile_library
+from .errors import OpNotCompatibleError, UnsafeCacheDirError
+from .lock import FileLock
+from .plan import BuildPlan, Purpose, plan_build
 
-VERBOSE_ENV = "APEX_JIT_VERBOSE"
-_PR_SET_PDEATHSIG = 1
-# Fingerprint fields a prebuilt module may differ in from a JIT build and still serve:
-# it was built for the GPU archs of the build machine (checked separately), and for no
-# particular CPU (host_cpu_flags: only JIT builds target the CPU they run on).
+# Fingerprint fields a prebuilt library may differ in from a JIT build and still serve: it was
+# built for the GPU archs of the build machine (checked separately), and for no particular CPU
+# (cpu_flags: only JIT builds target the CPU they run on).
 _PREBUILT_FREE_FIELDS = {"gpu", "archs", "nvcc_flags", "cpu_flags"}
 
-_loaded: dict[str, ModuleType] = {}
-_loading = threading.RLock()
+_loaded: dict[str, Path] = {}
+_op_locks: dict[str, threading.RLock] = {}
+_op_locks_guard = threading.Lock()
 
 
-def load_op(name: str) -> ModuleType:
-    """The compiled module of op ``name`` (e.g. "amp_C"), building it on first use."""
-    with _loading:
+def load_op(name: str) -> Path:
+    """Load op library ``name`` into this process (once; thread-safe), building it on first use.
+
+    Returns the loaded library's Path; its ops are then in torch.ops (and its after_load() hook has run)."""
+    with _op_locks_guard:
+        op_lock = _op_locks.setdefault(name, threading.RLock())
+    with op_lock:  # per op: loading one op never waits for another op's build
         if name not in _loaded:
             _loaded[name] = load_builder(registry.builder_for(name))
         return _loaded[name]
 
 
-def load_builder(builder: OpBuilder) -> ModuleType:
-    """Load ``builder``'s op: prebuilt, else cached, else compiled now (once across processes)."""
+def load_builder(builder: OpBuilder) -> Path:
+    """Load ``builder``'s op: prebuilt, else cached, else compiled now; then its after_load() hook."""
     compatible, reason = builder.is_compatible()
     if not compatible:
         raise OpNotCompatibleError(f"apex op '{builder.NAME}' cannot be used here: {reason}")
-    with_gpu = builder.wants_gpu_build()
-    fingerprint = builder.fingerprint(with_gpu)
-    prebuilt, mismatch = find_prebuilt(builder, fingerprint)
-    if prebuilt is not None:
-        return _import_extension(builder.NAME, prebuilt)
-    if mismatch:
-        print(f"apex: the prebuilt '{builder.NAME}' does not match this installation ({', '.join(mismatch)} "
-              "differ); using a JIT build instead", file=sys.stderr)
-    key = builder.key(fingerprint)
-    entry = cache.entry(builder.NAME, key)
-    if not cache.is_complete(entry, builder.NAME):
-        lock_path = cache.op_dir(builder.NAME) / f"{key}.lock"
-        with FileLock(lock_path, f"it is compiling apex op '{builder.NAME}'"):
-            if not cache.is_complete(entry, builder.NAME):  # another process may have built it meanwhile
-                _build(builder, fingerprint, key, entry)
-    return _import_extension(builder.NAME, entry / f"{builder.NAME}.so")
+    plan = plan_build(builder, Purpose.JIT)
+    library = usable_prebuilt(plan) or cached_or_built(builder, plan)
+    loaded = _load(plan, library)
+    builder.after_load()
+    return loaded
 
 
-def prebuilt_manifest(name: str) -> dict | None:
+def cached_or_built(builder: OpBuilder, plan: BuildPlan) -> Path:
+    """The cache entry's library for ``plan``, building (or rebuilding a corrupt) entry first."""
+    entry = cache.entry(plan.op, plan.key)
+    if cache.entry_problem(entry, plan.op) is not None:
+        with FileLock(cache.lock_path(plan.op, plan.key), f"it is compiling apex op '{plan.op}'"):
+            problem = cache.entry_problem(entry, plan.op)  # another process may have built it meanwhile
+            if problem is not None:
+                if problem != "missing":
+                    notice.say(f"apex: the cached build of '{plan.op}' in {entry} is corrupt ({problem}); rebuilding it")
+                _build(builder, plan, entry)
+    return entry / plan.library_file
+
+
+def prebuilt_manifest(name: str) -> Optional[dict]:
     manifest = paths.PREBUILT_DIR / f"{name}.json"
     return json.loads(manifest.read_text()) if manifest.is_file() else None
 
 
-def find_prebuilt(builder: OpBuilder, fingerprint: dict) -> tuple[Path | None, list[str]]:
-    """(path of a prebuilt module usable here, []) or (None, fingerprint fields that rule it out)."""
-    manifest = prebuilt_manifest(builder.NAME)
+def skipped_prebuilds() -> dict[str, str]:
+    """op -> why the wheel was built without it, though asked to prebuild it."""
+    path = paths.PREBUILT_DIR / paths.PREBUILD_SKIPPED
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def usable_prebuilt(plan: BuildPlan) -> Optional[Path]:
+    """The prebuilt library if the wheel has one that serves ``plan``; says why one that exists does not."""
+    path, why_not = find_prebuilt(plan)
+    if why_not:
+        notice.say(f"apex: the prebuilt '{plan.op}' {why_not}; using a JIT build instead")
+    return path
+
+
+def find_prebuilt(plan: BuildPlan) -> tuple[Optional[Path], str]:
+    """(path of a prebuilt library usable here, "") or (None, why the wheel's one is not; "" if none)."""
+    manifest = prebuilt_manifest(plan.op)
     if manifest is None:
-        return None, []
+        return None, ""
     built = manifest["fingerprint"]
-    differing = sorted(k for k in fingerprint.keys() | built.keys()
-                       if k not in _PREBUILT_FREE_FIELDS and fingerprint.get(k) != built.get(k))
-    if fingerprint["gpu"] and not (built["gpu"] and builder.covers_visible_gpus(built["archs"])):
+    differing = sorted(k for k in plan.fingerprint.keys() | built.keys()
+                       if k not in _PREBUILT_FREE_FIELDS and plan.fingerprint.get(k) != built.get(k))
+    if plan.with_gpu and not (built["gpu"] and covers_visible_gpus(built["archs"])):
         differing.append("archs")
     if differing:
-        return None, differing
-    return paths.PREBUILT_DIR / manifest["file"], []
+        return None, f"does not match this installation ({', '.join(differing)} differ)"
+    path = paths.PREBUILT_DIR / manifest["file"]
+    problem = integrity.problem(path, manifest)
+    if problem:
+        return None, f"is corrupt ({problem})"
+    return path, ""
 
 
-def _build(builder: OpBuilder, fingerprint: dict, key: str, entry: Path) -> None:
-    name = builder.NAME
-    cache.remove_dead_builds(name)
-    build_dir = cache.new_build_dir(name, key)
-    target = f"GPU archs {fingerprint['archs']}" if fingerprint["gpu"] else "CPU only (no GPU visible)"
-    print(f"apex: compiling op '{name}' for torch {fingerprint['torch']}, {target} - first use, once; "
-          f"C++ ops take about a minute, CUDA ops a few minutes. Cache: {entry.parent}", file=sys.stderr, flush=True)
+def _build(builder: OpBuilder, plan: BuildPlan, entry: Path) -> None:
+    cache.remove_dead_builds(plan.op)
+    scratch, owner = cache.new_build_dir(plan.op, plan.key)
     try:
-        seconds = compile_module(builder, fingerprint, build_dir, failed_log=entry.parent / f"{key}.failed.log")
-    except BaseException:
-        shutil.rmtree(build_dir, ignore_errors=True)
-        raise
-    meta = {"fingerprint": fingerprint, "seconds": round(seconds, 1), "built_at": time.time(),
-            "source_root": str(builder.source_root)}
-    cache.publish(build_dir, entry, meta)
-    print(f"apex: built '{name}' in {seconds:.0f} s", file=sys.stderr, flush=True)
+        notice.say(f"apex: compiling op '{plan.op}' for torch {plan.fingerprint['torch']}, {plan.target()} - "
+                   f"first use, once; C++ ops take about a minute, CUDA ops a few minutes. Cache: {entry.parent}")
+        seconds = compile_library(plan, scratch, failed_log=cache.failed_log_path(plan.op, plan.key))
+        meta = {"op": plan.op, "fingerprint": plan.fingerprint, "seconds": round(seconds, 1),
+                "built_at": time.time(), "source_root": str(builder.source_root.resolve())}
+        cache.publish(scratch, entry, meta)
+        notice.say(f"apex: built '{plan.op}' in {seconds:.0f} s")
+    finally:
+        cache.release_build_dir(scratch, owner)
 
 
-def compile_module(builder: OpBuilder, fingerprint: dict, build_dir: Path, failed_log: Path) -> float:
-    """Compile, link and test-import ``builder``'s module into ``build_dir``; return the seconds it took.
+def _load(plan: BuildPlan, library: Path) -> Path:
+    import torch  # the library links against libtorch, which must be loaded first
 
-    On failure the log is saved to ``failed_log`` and OpBuildError is raised."""
-    with_gpu = fingerprint["gpu"]
-    toolchain.check(builder.NAME, with_cuda=with_gpu)
-    spec = {
-        "name": builder.NAME,
-        "sources": [str(s) for s in builder.sources(with_gpu)],
-        "include_dirs": builder.compile_include_dirs(with_gpu),
-        "cxx_flags": builder.cxx_flags() + fingerprint["cpu_flags"],
-        "nvcc_flags": builder.nvcc_flags() if with_gpu else [],
-        "build_dir": str(build_dir),
-        "with_gpu": with_gpu,
-    }
-    (build_dir / "spec.json").write_text(json.dumps(spec, indent=2))
-    started = time.monotonic()
-    log = _run_child(spec, build_dir, fingerprint)
-    if log is not None:
-        failed_log.write_text(log)
-        raise _build_error(builder.NAME, log, failed_log)
-    return time.monotonic() - started
-
-
-def _run_child(spec: dict, build_dir: Path, fingerprint: dict) -> str | None:
-    """Run the build in a child process, logging to build.log. Returns None on success, else the log."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(paths.PACKAGE_DIR.parent), env.get("PYTHONPATH")]))
-    if spec["with_gpu"] and not fingerprint["hip"]:
-        env["TORCH_CUDA_ARCH_LIST"] = fingerprint["archs"]
-        env["CUDA_HOME"] = str(toolchain.cuda_home())  # the toolkit toolchain.check approved, for torch too
-    verbose = os.environ.get(VERBOSE_ENV, "0") not in ("", "0")
-    log_path = build_dir / "build.log"
-    with open(log_path, "w") as log_file:
-        child = subprocess.Popen([sys.executable, "-m", "op_builder._build_child", str(build_dir / "spec.json")],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                 cwd=build_dir, preexec_fn=_die_with_parent)
-        assert child.stdout is not None
-        for line in child.stdout:
-            log_file.write(line)
-            if verbose:
-                sys.stderr.write(line)
-        returncode = child.wait()
-    return None if returncode == 0 else log_path.read_text()
-
-
-def _build_error(name: str, log: str, log_path: Path) -> OpBuildError:
-    if "FAILED:" in log:
-        summary = "compilation failed"
-    elif "ImportError" in log:
-        summary = "the module compiled but does not load"
-    else:
-        summary = "the build failed"
-    return OpBuildError(name, summary, errors=first_error_lines(log), command=failing_command(log),
-                        log_path=log_path, hint=hint_for_log(log))
-
-
-def _die_with_parent() -> None:
-    """In the build child: get SIGKILLed when the parent dies, so a killed import stops its build."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux/glibc: the orphaned build finishes into its scratch dir, which is then removed
-
-
-def _import_extension(name: str, path: Path) -> ModuleType:
-    import torch  # noqa: F401  the module links against libtorch, which must be loaded first
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"apex: cannot load op '{name}' from {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    torch.ops.load_library(str(library))
+    return library
 
 
 def build_status(builder: OpBuilder) -> str:
-    """'prebuilt', 'cached' or 'not built': what the next load_op of this op would do."""
-    fingerprint = builder.fingerprint(builder.wants_gpu_build())
-    if find_prebuilt(builder, fingerprint)[0] is not None:
+    """What the next load_op of this op would do: 'prebuilt', 'cached', 'not built', or why it cannot."""
+    plan = plan_build(builder, Purpose.JIT)
+    if find_prebuilt(plan)[0] is not None:
         return "prebuilt"
-    if cache.is_complete(cache.entry(builder.NAME, builder.key(fingerprint)), builder.NAME):
+    try:
+        problem = cache.entry_problem(cache.root(create=False) / plan.op / plan.key, plan.op)
+    except UnsafeCacheDirError:
+        return "cache refused (see cache dir)"
+    if problem is None:
         return "cached"
-    return "not built"
+    return "not built" if problem == "missing" else f"corrupt cache entry, rebuilt on use ({problem})"

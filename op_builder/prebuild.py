@@ -1,22 +1,34 @@
 """Prebuilding ops into the wheel: APEX_BUILD_<NAME>=1, APEX_BUILD_CUDA_OPS=1, APEX_BUILD_CPP_OPS=1.
 
-Used by setup.py. Without any of those variables nothing here imports torch, so
-a plain `pip install .` copies Python files and is done. An op that cannot be
-built here (incompatible, no nvcc) is skipped with its reason; it will compile on
-first use instead, so the install never fails for it.
+setup.py asks ``requested()`` (environment variables only: a plain ``pip install .`` never imports
+torch, not even to generate metadata) and declares a placeholder extension per requested op, which
+makes the wheel platform-specific. Its build_ext command (``BuildPrebuiltOps``) then plans each op
+(``Purpose.PREBUILD``: GPU kernels for every CUDA op, portable CPU code) and builds it exactly as a
+JIT build would (same plan, same build child) into apex/op_builder/_prebuilt/, beside a manifest
+(fingerprint, size, checksum) that the loader checks. An op that cannot be built here (incompatible,
+CPU-only torch, no nvcc) is skipped with its reason, said once, on the terminal even when pip hides
+the build output, and recorded in _prebuilt/skipped.json (apex.report shows it); it compiles on first use instead, so the
+install does not fail for it. A compile error in an op that can be built does fail the install.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
-from op_builder.builder import DEFAULT_CUDA_ARCHS, OpBuilder
-from op_builder.errors import OpBuildError
-from op_builder.registry import all_builders
-from op_builder import toolchain
+from setuptools import Extension
+from setuptools.command.build_ext import build_ext
 
-PREBUILT_PACKAGE = "op_builder._prebuilt"
+from . import integrity, notice, paths, toolchain
+from .builder import OpBuilder
+from .compiler import compile_library
+from .errors import OpBuildError
+from .plan import BuildPlan, Purpose, plan_build
+from .registry import all_builders
+
+PREBUILT_PACKAGE = "apex.op_builder._prebuilt"
 
 
 def _enabled(value: str | None) -> bool:
@@ -29,56 +41,68 @@ def requested(env=os.environ) -> list[type[OpBuilder]]:
             if _enabled(env.get(cls.build_var())) or _enabled(env.get(cls.group_var()))]
 
 
-def extensions(source_root: Path) -> tuple[list, dict]:
-    """(ext_modules, cmdclass) for setup(): one extension per requested, buildable op."""
-    chosen = requested()
-    if not chosen:
-        return [], {}
-    home = toolchain.cuda_home()
-    if home and "CUDA_HOME" not in os.environ:  # torch's extension builder reads it once, at import
-        os.environ["CUDA_HOME"] = str(home)
-    import torch
-    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+def placeholder_extensions(env=os.environ) -> list[Extension]:
+    """One extension per requested op, for setup(): built by BuildPrebuiltOps, not by setuptools."""
+    return [Extension(f"{PREBUILT_PACKAGE}.{cls.NAME}", sources=[]) for cls in requested(env)]
 
-    if not torch.version.hip and not torch.cuda.is_available():
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
-    ext_modules, fingerprints = [], {}
-    for cls in chosen:
-        builder = cls(source_root=source_root)
-        with_gpu = cls.GROUP == "CUDA"
-        reason = _cannot_build(builder, with_gpu)
+
+class BuildPrebuiltOps(build_ext):
+    """build_ext for the placeholders: each op through its BuildPlan, as on first use."""
+
+    def run(self) -> None:
+        target = paths.PREBUILT_DIR if self.inplace else Path(self.build_lib, *PREBUILT_PACKAGE.split("."))
+        names = [ext.name.rsplit(".", 1)[1] for ext in self.extensions]
+        self._written = prebuild(names, target)
+
+    def get_outputs(self) -> list[str]:
+        return [str(p) for p in getattr(self, "_written", [])]
+
+
+def prebuild(names: list[str], target: Path) -> list[Path]:
+    """Build ops ``names`` into ``target``; return the files written (libraries, manifests, skipped.json)."""
+    target.mkdir(parents=True, exist_ok=True)
+    written, skipped = [], {}
+    for name in names:
+        builder = all_builders()[name]()
+        plan = plan_build(builder, Purpose.PREBUILD)
+        reason = cannot_build(builder, plan)
         if reason:
-            print(f"apex: not prebuilding '{cls.NAME}': {reason}; it will compile on first use instead")
+            notice.to_terminal(f"apex: not prebuilding '{name}': {reason}; it will compile on first use instead")
+            skipped[name] = reason
             continue
-        make = CUDAExtension if with_gpu else CppExtension
-        ext_modules.append(make(
-            name=f"{PREBUILT_PACKAGE}.{cls.NAME}",
-            sources=[str(s) for s in builder.sources(with_gpu)],
-            include_dirs=builder.compile_include_dirs(with_gpu),
-            extra_compile_args={"cxx": builder.cxx_flags(), "nvcc": builder.nvcc_flags() if with_gpu else []},
-        ))
-        fingerprints[cls.NAME] = builder.fingerprint(with_gpu, portable=True)
-        print(f"apex: prebuilding '{cls.NAME}'" + (f" for archs {fingerprints[cls.NAME]['archs']}" if with_gpu else ""))
-
-    class BuildExtensionWithManifest(BuildExtension):
-        """Writes <NAME>.json beside each prebuilt module: the loader uses the module only if it matches."""
-
-        def build_extension(self, ext):
-            super().build_extension(ext)
-            name = ext.name.rsplit(".", 1)[1]
-            built = Path(self.get_ext_fullpath(ext.name))
-            manifest = {"file": built.name, "fingerprint": fingerprints[name]}
-            (built.parent / f"{name}.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-
-    return ext_modules, {"build_ext": BuildExtensionWithManifest.with_options(use_ninja=True)}
+        notice.to_terminal(f"apex: prebuilding '{name}' ({plan.target()})")
+        written += _build_into(plan, target)
+    if skipped:
+        (target / paths.PREBUILD_SKIPPED).write_text(json.dumps(skipped, indent=2, sort_keys=True))
+        written.append(target / paths.PREBUILD_SKIPPED)
+    return written
 
 
-def _cannot_build(builder: OpBuilder, with_gpu: bool) -> str:
+def cannot_build(builder: OpBuilder, plan: BuildPlan) -> str:
+    """Why ``plan`` cannot be built here, or "" if it can."""
     compatible, reason = builder.is_compatible()
     if not compatible:
         return reason
     try:
-        toolchain.check(builder.NAME, with_cuda=with_gpu)
+        toolchain.check(plan.op, with_cuda=plan.with_gpu)
     except OpBuildError as error:
-        return f"{error.summary} ({error.hint})"
+        return f"{error.summary} ({error.hint.rstrip('.')})" if error.hint else error.summary
     return ""
+
+
+def _build_into(plan: BuildPlan, target: Path) -> list[Path]:
+    build_dir = Path(tempfile.mkdtemp(prefix=f"apex-prebuild-{plan.op}-"))
+    failed_log = Path(tempfile.mkdtemp(prefix=f"apex-prebuild-{plan.op}-log-")) / "failed.log"  # kept: the error names it
+    try:
+        compile_seconds = compile_library(plan, build_dir, failed_log=failed_log)
+        library = target / plan.library_file
+        shutil.copyfile(build_dir / plan.library_file, library)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        if not failed_log.exists():
+            failed_log.parent.rmdir()
+    manifest = target / f"{plan.op}.json"
+    manifest.write_text(json.dumps({**integrity.record(library), "fingerprint": plan.fingerprint,
+                                    "seconds": round(compile_seconds, 1)}, indent=2, sort_keys=True))
+    return [library, manifest]
+

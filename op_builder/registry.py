@@ -6,8 +6,8 @@ import importlib
 import inspect
 import pkgutil
 
-from op_builder import ops as _ops_package
-from op_builder.builder import CppOpBuilder, CUDAOpBuilder, OpBuilder
+from . import ops as _ops_package
+from .builder import CppOpBuilder, CUDAOpBuilder, OpBuilder
 
 _BASES = (OpBuilder, CppOpBuilder, CUDAOpBuilder)
 

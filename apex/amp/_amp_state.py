@@ -1,17 +1,26 @@
-"""Process-wide amp state: the chosen properties, the loss scalers and the printing policy."""
+"""Process-wide amp state: the chosen properties, the loss scalers, the casting handle, printing."""
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .casting_handle import NoOpHandle
+
 
 class AmpState:
-    """What `amp.initialize` decided, read by `amp.scale_loss` and the patched optimizers."""
+    """What `amp.initialize` / `amp.init` decided, read by `amp.scale_loss`, the patched optimizers
+    and the casting wrappers. Scripts and apex's own tests read and set these fields directly."""
 
     def __init__(self):
         # apex's escape hatch: demote property conflicts from errors to printed warnings.
         self.hard_override = False
+        # Let amp.initialize take a model whose params are already fp16/bf16 (no dtype check).
+        self.allow_incoming_model_not_fp32 = False
         self.verbosity = 1
         self.opt_properties = None
         self.loss_scalers = []
+        self.min_loss_scale = None
+        self.max_loss_scale = 2.**24
+        # The casting handle of O1/O4 and amp.init(); a no-op one until casts are installed.
+        self.handle = NoOpHandle()
         # model param (fp16/bf16) -> its fp32 master, for the state-dict hooks of O2/O5 models.
         # Weak so a discarded model does not keep its masters alive.
         self.master_of = WeakIdKeyDictionary()

@@ -2,21 +2,23 @@
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ._amp_state import _amp_state, warn_or_err
-from ._process_optimizer import process_optimizer
-from .function_casts import apply_registrations
-from .model_casting import AmpForward, convert_network, keep_state_dict_fp32, model_device_type
+from ._amp_state import _amp_state, maybe_print, warn_or_err
+from ._process_optimizer import is_optimizer, process_optimizer
+from .amp import init as install_casts
+from .casting_handle import NoOpHandle
+from .grads import FlatOptions
+from .model_casting import AmpForward, convert_network, keep_state_dict_fp32
 from .properties import LOW_PRECISION_TYPES
 from .scaler import LossScaler
 
 
-def _as_list(value, kind, message, allow_none=False):
+def _as_list(value, is_kind, message, allow_none=False):
     """(list, was_list): apex accepts one object or a list of them, and answers in the same shape."""
     if allow_none and value is None:
         return [], False
-    if isinstance(value, kind):
+    if is_kind(value):
         return [value], False
-    if isinstance(value, list) and all(isinstance(v, kind) for v in value):
+    if isinstance(value, list) and all(is_kind(v) for v in value):
         return list(value), True
     raise TypeError(message)
 
@@ -36,11 +38,13 @@ def _check_models(models):
                                "the model(s) have been returned from amp.initialize.")
         if getattr(model, "_amp_initialized", False):
             raise RuntimeError("A given model should only be passed through amp.initialize once.")
+        if _amp_state.allow_incoming_model_not_fp32:
+            continue
         for name, param in model.named_parameters():
             if param.is_floating_point() and param.dtype != torch.float32:
                 warn_or_err(f"Found param {name} with type {param.type()}, expected a float32 param.\n"
-                            "When using amp.initialize, you do not need to call .half() on your model\n"
-                            "before passing it, no matter what optimization level you choose.")
+                            "When using amp.initialize, you do not need to call .half() or .bfloat16() on your\n"
+                            "model before passing it, no matter what optimization level you choose.")
 
 
 def _check_optimizers(optimizers):
@@ -49,38 +53,62 @@ def _check_optimizers(optimizers):
             raise RuntimeError("A given optimizer should only be passed through amp.initialize once.")
 
 
+def _refuse_fp16_optimizer(optimizers):
+    from apex.fp16_utils import FP16_Optimizer  # imported here: apex.fp16_utils builds on apex.amp
+
+    if any(isinstance(optimizer, FP16_Optimizer) for optimizer in
+           (optimizers if isinstance(optimizers, list) else [optimizers])):
+        raise RuntimeError("An incoming optimizer is an instance of apex.fp16_utils.FP16_Optimizer. "
+                           "The optimizer(s) passed to amp.initialize() must be bare \n"
+                           "instances of either ordinary Pytorch optimizers, or Apex fused \n"
+                           "optimizers.\n")
+
+
 def _wrap_forward(model, properties, cast_model_outputs):
+    """O2/O3/O5: floating inputs enter in the model's type and outputs leave in fp32 (or
+    `cast_model_outputs`); other levels only cast outputs, and only when asked to."""
     low_precision_model = properties.cast_model_type in LOW_PRECISION_TYPES
-    function_casting = properties.patch_torch_functions and properties.patch_torch_functions_type
-    if not (low_precision_model or function_casting or cast_model_outputs is not None):
-        return
-    # Outputs leave in fp32 by default: the loss is computed outside the model (and outside
-    # the O1/O4 autocast region), where apex's patched loss functions ran in fp32 too.
-    output_type = cast_model_outputs
-    if output_type is None and (low_precision_model or function_casting):
-        output_type = torch.float32
-    model.forward = AmpForward(
-        model.forward,
-        input_type=properties.cast_model_type if low_precision_model else None,
-        output_type=output_type,
-        autocast_device=model_device_type(model) if function_casting else None,
-        autocast_type=properties.patch_torch_functions_type if function_casting else None,
-    )
+    if low_precision_model:
+        output_type = torch.float32 if cast_model_outputs is None else cast_model_outputs
+        model.forward = AmpForward(model.forward, input_type=properties.cast_model_type, output_type=output_type)
+    elif cast_model_outputs is not None:
+        model.forward = AmpForward(model.forward, output_type=cast_model_outputs)
+
+
+def _flat_options(models, properties):
+    """The combine_grad layouts' options; with combine_ddp, every rank starts from rank 0's weights
+    (before any cast, so O2/O5 masters agree too) and a reducer averages the grads."""
+    if not properties.combine_grad:
+        if properties.check_combined_tensors:
+            maybe_print("check_combined_tensors=True has no effect without combine_grad=True.", True)
+        return None
+    reducer = None
+    if properties.combine_ddp:
+        from . import grad_reducer  # imports torch.distributed, needed only here
+
+        grad_reducer.broadcast_from_rank0(models)
+        replica_count = properties.ddp_replica_count
+
+        def reducer(buffers, layouts, params):
+            return grad_reducer.FlatGradReducer(buffers, layouts, params, replica_count)
+    return FlatOptions(reducer=reducer, check_layout=bool(properties.check_combined_tensors))
 
 
 def initialize_models_and_optimizers(models, optimizers, properties, num_losses, cast_model_outputs,
-                                     combine_grad, scaler_options):
+                                     scaler_options):
     """Cast and wrap the models, turn the optimizers into amp optimizers, create the loss scalers.
     Returns models and optimizers in the shape they were given."""
+    _refuse_fp16_optimizer(optimizers)
     optimizers, optimizers_was_list = _as_list(
-        optimizers, torch.optim.Optimizer,
+        optimizers, is_optimizer,
         "optimizers must be either a single optimizer or a list of optimizers.", allow_none=True)
-    models, models_was_list = _as_list(
-        models, torch.nn.Module, "models must be either a single model or a list of models.")
+    models, models_was_list = _as_list(models, lambda model: isinstance(model, torch.nn.Module),
+                                       "models must be either a single model or a list of models.")
     # Everything is checked before anything is changed, so a refused call leaves no half-cast model.
     _check_optimizers(optimizers)
     _check_models(models)
 
+    flat_options = _flat_options(models, properties)
     fp32_originals = WeakIdKeyDictionary()
     if properties.cast_model_type:
         if properties.master_weights and properties.cast_model_type in LOW_PRECISION_TYPES:
@@ -101,11 +129,16 @@ def initialize_models_and_optimizers(models, optimizers, properties, num_losses,
         model._amp_initialized = True
 
     for optimizer in optimizers:
-        process_optimizer(optimizer, properties, combine_grad, fp32_originals)
+        process_optimizer(optimizer, properties, fp32_originals, flat_options)
 
     _amp_state.loss_scalers = [LossScaler(properties.loss_scale, **scaler_options) for _ in range(num_losses)]
     if properties.patch_torch_functions:
-        apply_registrations()
+        # O1/O4: the cast lists, as amp.init() installs them (replacing any earlier casts).
+        install_casts(loss_scale=properties.loss_scale, patch_type=properties.patch_torch_functions_type,
+                      verbose=_amp_state.verbosity == 2, user_cast_preferred=properties.user_cast_preferred)
+    else:
+        _amp_state.handle._deactivate()
+        _amp_state.handle = NoOpHandle()
 
     returned_models = models if models_was_list else models[0]
     if not optimizers and not optimizers_was_list:

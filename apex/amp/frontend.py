@@ -29,21 +29,36 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
                patch_torch_functions=None, patch_torch_functions_type=None, keep_batchnorm_fp32=None,
                master_weights=None, loss_scale=None, cast_model_outputs=None, num_losses=1, verbosity=1,
                min_loss_scale=None, max_loss_scale=2.**24, dynamic_init_scale=2.**16, scale_growth_factor=2.,
-               scale_backoff_factor=0.5, scale_window=2000, combine_grad=None):
+               scale_backoff_factor=0.5, scale_window=2000, combine_grad=None, combine_ddp=None,
+               ddp_replica_count=4, user_cast_preferred=None, check_combined_tensors=None):
     """Prepare models and optimizers for mixed-precision training at `opt_level`.
 
-    O0 fp32 | O1 autocast to fp16 in each model's forward | O2 fp16 model, fp32 batchnorm and fp32
-    master weights | O3 pure fp16 | O4/O5: O1/O2 in bfloat16 (no loss scaling). Any property
+    O0 fp32 | O1 fp16 casts around torch functions (amp.init's cast lists, process-wide until
+    `amp._amp_state.handle._deactivate()`) | O2 fp16 model, fp32 batchnorm and fp32 master weights |
+    O3 pure fp16 | O4/O5: O1/O2 in bfloat16 (no loss scaling). Any property
     (cast_model_type, patch_torch_functions[_type], keep_batchnorm_fp32, master_weights,
     loss_scale: a number or "dynamic") may be overridden; conflicting overrides raise.
 
-    models: an nn.Module or a list of them, with float32 params (CPU or CUDA).
-    optimizers: None, a torch.optim.Optimizer (apex fused ones included) or a list of them.
+    models: an nn.Module or a list of them, with float32 params (CPU or CUDA; fp16/bf16 params
+        are refused unless `amp._amp_state.allow_incoming_model_not_fp32` is set).
+    optimizers: None, a torch.optim.Optimizer (apex fused ones and apex.parallel.LARC included)
+        or a list of them.
     cast_model_outputs: dtype the models' floating outputs are cast to (default float32 when the
         model computes in low precision).
     num_losses: how many independent loss scalers `scale_loss(..., loss_id=i)` may use.
     combine_grad: keep each optimizer's grads as views into one flat buffer per dtype, so every
         unscale is a single kernel (all params then always have a grad, zero when unused).
+    combine_ddp: with combine_grad, average those flat buffers over the torch.distributed ranks
+        after every backward, in place of a DistributedDataParallel wrapper (which must then not
+        be used): the params are broadcast from rank 0 here, and each buffer is all-reduced in up
+        to `ddp_replica_count` chunks, each starting as soon as the backward has produced its
+        grads. Needs `torch.distributed.init_process_group()` first.
+    ddp_replica_count: how many chunks combine_ddp cuts each buffer into (default 4): more
+        overlap with the backward, but more, smaller all-reduces.
+    user_cast_preferred: at O1/O4, a function registered with `amp.register_*_function` gets only
+        the user's cast, not also the cast lists' (no redundant double cast).
+    check_combined_tensors: with combine_grad, check before every use that the params still fit
+        their flat buffers (shape, dtype, device); when not, print a notice and rebuild the buffers.
 
     Returns the models and optimizers in the shape they were given:
     `model, optimizer = amp.initialize(model, optimizer, opt_level="O2")`.
@@ -70,7 +85,9 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     overrides = dict(cast_model_type=cast_model_type, patch_torch_functions=patch_torch_functions,
                      patch_torch_functions_type=patch_torch_functions_type,
                      keep_batchnorm_fp32=keep_batchnorm_fp32, master_weights=master_weights,
-                     loss_scale=loss_scale)
+                     loss_scale=loss_scale, combine_grad=combine_grad, combine_ddp=combine_ddp,
+                     ddp_replica_count=ddp_replica_count, user_cast_preferred=user_cast_preferred,
+                     check_combined_tensors=check_combined_tensors)
     for name, value in overrides.items():
         if value is not None:
             setattr(properties, name, value)
@@ -80,11 +97,12 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     for name, value in properties.options.items():
         maybe_print(f"{name:26} : {value}", True)
 
+    _amp_state.min_loss_scale, _amp_state.max_loss_scale = min_loss_scale, max_loss_scale
     scaler_options = dict(init_scale=dynamic_init_scale, growth_factor=scale_growth_factor,
                           backoff_factor=scale_backoff_factor, scale_window=scale_window,
                           min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale)
     result = initialize_models_and_optimizers(models, optimizers, properties, num_losses, cast_model_outputs,
-                                              bool(combine_grad), scaler_options)
+                                              scaler_options)
     # Published last: a refused call leaves the previous state in place for scale_loss.
     _amp_state.opt_properties = properties
     return result

@@ -1,27 +1,16 @@
-"""`amp.scale_loss`: scale the loss for backward, then unscale grads and skip steps on overflow."""
+"""`amp.scale_loss`: scale the loss for backward, then unscale grads and skip steps on overflow;
+`amp.disable_casts`: run a block without amp's casts."""
 import contextlib
-import types
 
-import torch
+from ._amp_state import _amp_state
+from ._process_optimizer import is_optimizer
+from .casting_handle import AmpHandle, NoOpHandle  # noqa: F401  (apex.amp.handle.AmpHandle in apex)
+from .opt import skip_next_step
 
-from ._amp_state import _amp_state, maybe_print
 
-
-def _skip_next_step(optimizer, loss_scaler, loss_id):
-    """Replace `optimizer.step` by a one-shot no-op that restores the real step."""
-    real_step = optimizer.step
-
-    def skip_step(self, closure=None):
-        if closure is not None:
-            raise RuntimeError("Currently, Amp does not support closure use with optimizers.")
-        maybe_print(f"Gradient overflow.  Skipping step, loss scaler {loss_id} "
-                    f"reducing loss scale to {loss_scaler.loss_scale()}")
-        self._amp_stash.after_step(copy_masters=False)
-        self.step = real_step
-        self._amp_stash.already_patched = False
-
-    optimizer.step = types.MethodType(skip_step, optimizer)
-    optimizer._amp_stash.already_patched = True
+def _after_skipped_step(optimizer):
+    optimizer._amp_stash.after_step(copy_masters=False)
+    optimizer._amp_stash.already_patched = False
 
 
 @contextlib.contextmanager
@@ -43,7 +32,7 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False, del
     if not _amp_state.opt_properties.enabled:
         yield loss
         return
-    if isinstance(optimizers, torch.optim.Optimizer):
+    if is_optimizer(optimizers):
         optimizers = [optimizers]
     if not 0 <= loss_id < len(_amp_state.loss_scalers):
         raise ValueError(f"loss_id {loss_id} is out of range: amp.initialize was called with "
@@ -53,18 +42,25 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False, del
             raise RuntimeError("amp.scale_loss got an optimizer that was not passed through amp.initialize.")
 
     loss_scaler = _amp_state.loss_scalers[loss_id]
-    if not _amp_state.opt_properties.master_weights and loss_scaler.is_identity:
+    reduces_grads = any(optimizer._amp_stash.reduces_grads for optimizer in optimizers)
+    if not _amp_state.opt_properties.master_weights and loss_scaler.is_identity and not reduces_grads:
         # Nothing to scale, nothing to copy: the grads are final as autograd writes them.
         yield loss.float()
+        _amp_state.handle._clear_cache()
         return
 
     if not delay_unscale:
         for optimizer in optimizers:
             if not optimizer._amp_stash.params_have_scaled_gradients:
                 optimizer._amp_stash.before_backward()
+    if reduces_grads:
+        for optimizer in optimizers:
+            optimizer._amp_stash.arm_reduction(overlap=not delay_unscale)
 
     yield loss.float() * loss_scaler.loss_scale()
 
+    # The backward made new grads: casts cached from the weights are stale after the step.
+    _amp_state.handle._clear_cache()
     if delay_unscale:
         for optimizer in optimizers:
             optimizer._amp_stash.params_have_scaled_gradients = True
@@ -77,4 +73,14 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False, del
     if should_skip:
         for optimizer in optimizers:
             if not optimizer._amp_stash.already_patched:
-                _skip_next_step(optimizer, loss_scaler, loss_id)
+                message = (lambda scaler=loss_scaler: f"Gradient overflow.  Skipping step, loss scaler {loss_id} "
+                                                      f"reducing loss scale to {scaler.loss_scale()}")
+                skip_next_step(optimizer, message, _after_skipped_step)
+                optimizer._amp_stash.already_patched = True
+
+
+@contextlib.contextmanager
+def disable_casts():
+    """Run the enclosed code without amp's casts (the original functions' dtypes)."""
+    with _amp_state.handle._disable_casts():
+        yield

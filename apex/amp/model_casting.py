@@ -1,7 +1,5 @@
-"""What amp does to a model: cast its weights (O2/O3/O5), wrap its forward (input/output casts,
-the O1/O4 autocast region), and keep its state dict in fp32."""
-import contextlib
-
+"""What amp does to a model: cast its weights (O2/O3/O5), wrap its forward (input/output casts),
+and keep its state dict in fp32."""
 import torch
 from torch.utils._pytree import tree_map_only
 
@@ -14,47 +12,47 @@ def cast_floating(tree, dtype):
     return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, tree)
 
 
+def convert_module(module, dtype):
+    """Cast `module`'s own floating params (and their grads) and buffers to `dtype` in place: the
+    Parameter objects an optimizer holds stay the same."""
+    for param in module.parameters(recurse=False):
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)
+            if param.grad is not None:
+                param.grad = param.grad.to(dtype)
+    for buffer in module.buffers(recurse=False):
+        if buffer.is_floating_point():
+            buffer.data = buffer.data.to(dtype)
+
+
 def convert_network(model, dtype, keep_batchnorm_fp32):
-    """Cast floating params and buffers to `dtype` in place (the Parameter objects an optimizer
-    holds stay the same), optionally leaving affine batchnorms in fp32 for stable statistics."""
+    """Cast every module of `model` to `dtype` (convert_module), optionally leaving affine
+    batchnorms in fp32 for stable statistics. Returns `model`."""
     for module in model.modules():
         if keep_batchnorm_fp32 and isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.affine:
             continue
-        for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
-            if tensor.is_floating_point():
-                tensor.data = tensor.data.to(dtype)
+        convert_module(module, dtype)
         if isinstance(module, torch.nn.RNNBase):
             module.flatten_parameters()
+    return model
 
 
 class AmpForward:
-    """Stands in for `model.forward`: casts floating inputs to the model's type, runs the original
-    forward (inside torch.autocast for O1/O4) and casts floating outputs.
+    """Stands in for `model.forward`: casts floating inputs to the model's type (O2/O3/O5), runs
+    the original forward and casts floating outputs.
 
     A callable object rather than a closure so `copy.deepcopy(model)` rebinds it to the copy."""
 
-    def __init__(self, forward, input_type=None, output_type=None, autocast_device=None, autocast_type=None):
+    def __init__(self, forward, input_type=None, output_type=None):
         self.forward = forward
         self.input_type = input_type
         self.output_type = output_type
-        self.autocast_device = autocast_device
-        self.autocast_type = autocast_type
 
     def __call__(self, *args, **kwargs):
         if self.input_type is not None:
             args, kwargs = cast_floating((args, kwargs), self.input_type)
-        region = (torch.autocast(self.autocast_device, dtype=self.autocast_type) if self.autocast_type
-                  else contextlib.nullcontext())
-        with region:
-            output = self.forward(*args, **kwargs)
+        output = self.forward(*args, **kwargs)
         return output if self.output_type is None else cast_floating(output, self.output_type)
-
-
-def model_device_type(model):
-    param = next(model.parameters(), None)
-    if param is not None:
-        return param.device.type
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _state_dict_in_fp32(module, state_dict, prefix, local_metadata):

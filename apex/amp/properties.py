@@ -35,7 +35,7 @@ OPT_LEVELS = {
                    torch.bfloat16, False, None, True, True, 1.0),
 }
 
-# Levels whose casting happens around functions (torch.autocast), not on the model's weights.
+# Levels whose casting happens around functions (amp's cast lists), not on the model's weights.
 FUNCTION_CASTING_LEVELS = ("O1", "O4")
 LOW_PRECISION_TYPES = (torch.float16, torch.bfloat16)
 
@@ -53,6 +53,13 @@ class Properties:
             "keep_batchnorm_fp32": None,
             "master_weights": None,
             "loss_scale": 1.0,
+            # Ascend apex's knobs (checked below): flat grad buffers, data-parallel averaging of
+            # them, the user's registrations before the cast lists, layout checks of the buffers.
+            "combine_grad": None,
+            "combine_ddp": None,
+            "ddp_replica_count": 4,
+            "user_cast_preferred": None,
+            "check_combined_tensors": None,
         }
 
     def apply_opt_level(self, name):
@@ -119,6 +126,23 @@ class Properties:
         if self.casts_functions and value is not None:
             warn_or_err(f"It doesn't make sense to use master_weights with {self.opt_level}. "
                         f"With {self.opt_level}, your model weights themselves should be FP32.")
+        return value
+
+    def _checked_combine_ddp(self, value):
+        if value and not self.combine_grad:
+            warn_or_err("combine_ddp=True averages the flat grad buffers of combine_grad=True over the ranks; "
+                        "pass combine_grad=True too.")
+        return value
+
+    def _checked_ddp_replica_count(self, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"ddp_replica_count must be a positive integer, found ddp_replica_count={value!r}")
+        return value
+
+    def _checked_user_cast_preferred(self, value):
+        if value and not self.casts_functions:
+            warn_or_err("user_cast_preferred=True only applies where amp casts functions: select "
+                        "opt_level='O1' (or 'O4' for bfloat16).")
         return value
 
     def _checked_loss_scale(self, value):

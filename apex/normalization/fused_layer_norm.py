@@ -3,13 +3,24 @@
 Every function and module takes inputs of shape ``(*, *normalized_shape)`` in float32,
 float16 or bfloat16 (float64 too), normalizes over the trailing ``normalized_shape``
 dimensions with float32 statistics, and runs on CPU and CUDA tensors through the
-``torch.ops.apex`` ops (which torch.compile traces with ``fullgraph=True``). Under
-autocast, inputs and parameters are cast to the autocast dtype first, as in NVIDIA apex.
+``torch.ops.apex`` ops of the ``fused_layer_norm_cuda`` library (C++ kernels and autograd
+formulas, which torch.compile traces with ``fullgraph=True``). Under autocast, inputs and
+parameters are cast to the autocast dtype first, as in NVIDIA apex. Empty inputs give
+empty outputs (and zero parameter grads).
 
 Non-mixed forms return the input's dtype (parameters of another dtype are cast to it,
 as torch.nn.LayerNorm does); the ``mixed_dtype_*`` forms and ``MixedFused*`` modules
 return the parameters' dtype (e.g. float32 parameters with a bfloat16 input give a
 float32 output).
+
+``memory_efficient=True`` makes the backward keep the output instead of the input and
+recover the normalized input from it; where the weight holds a zero that is impossible,
+and such calls keep the input (finding out reads the weight: one host sync per call on
+CUDA, paid only by memory_efficient calls that record a graph).
+
+ONNX export (``torch.onnx.export``, either exporter) sees ``F.layer_norm`` /
+``F.rms_norm`` instead of the custom ops: LayerNormalization, or RMSNorm's ReduceMean
+decomposition.
 """
 from __future__ import annotations
 
@@ -17,10 +28,12 @@ import numbers
 from typing import Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from apex.normalization._ops import ensure_loaded, run
+from apex._ops import ops
 
+_LIBRARY = "fused_layer_norm_cuda"
 _Shape = Union[int, Sequence[int], torch.Size]
 
 
@@ -31,9 +44,6 @@ def _as_shape(normalized_shape: _Shape) -> list[int]:
 
 
 def _autocast(input: torch.Tensor, *params: Optional[torch.Tensor]):
-    # One C call decides the common case; input.device.type and the per-device query cost ~5 µs a call.
-    if not torch._C._is_any_autocast_enabled():
-        return (input, *params)
     device_type = input.device.type
     if not torch.is_autocast_enabled(device_type):
         return (input, *params)
@@ -41,20 +51,53 @@ def _autocast(input: torch.Tensor, *params: Optional[torch.Tensor]):
     return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in (input, *params))
 
 
-def _cast_param(param: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
-    return param if param is None or param.dtype == dtype else param.to(dtype)
+def _onnx_norm(input, shape, weight, bias, eps, *, rms: bool):
+    """The same norm from torch ops every ONNX exporter translates (output in the parameters' dtype):
+    F.layer_norm (LayerNormalization), and RMSNorm spelled out, since the TorchScript exporter has no
+    aten::rms_norm (ReduceMean of the squares in float32, Sqrt, Div, Mul)."""
+    out_dtype = input.dtype if weight is None and bias is None else (weight if weight is not None else bias).dtype
+    if not rms:
+        return F.layer_norm(input if input.dtype == out_dtype else input.to(out_dtype), shape, weight, bias, eps)
+    # No cast that changes nothing: the TorchScript exporter drops such Casts and leaves dangling inputs.
+    x = input if input.dtype == torch.float32 else input.float()
+    normalized = x * torch.rsqrt(x.pow(2).mean(tuple(range(-len(shape), 0)), keepdim=True) + eps)
+    if normalized.dtype != out_dtype:
+        normalized = normalized.to(out_dtype)
+    return normalized if weight is None else normalized * weight
+
+
+# The forward ops' C++ entry points (what OpOverload.__call__ calls), bound on the first eager call:
+# the torch.ops attribute lookups and OpOverloadPacket.__call__ cost ~1 us a call.
+_eager_ops: tuple = ()
+
+
+def _eager_op(rms: bool):
+    global _eager_ops
+    if not _eager_ops:
+        namespace = ops(_LIBRARY)
+        _eager_ops = (namespace.layer_norm_fwd.default._op, namespace.rms_norm_fwd.default._op)
+    return _eager_ops[rms]
 
 
 def _normalize(input, shape: Sequence[int], weight, bias, eps, memory_efficient, *, rms: bool, mixed: bool):
     """The norm of input over ``shape``: normalized_shape as ints, already through ``_as_shape`` (modules keep it)."""
-    if not torch.compiler.is_compiling():
-        ensure_loaded()
-    input, weight, bias = _autocast(input, weight, bias)
+    # One C call decides the common case; the per-device queries cost ~5 us a call.
+    if torch._C._is_any_autocast_enabled():
+        input, weight, bias = _autocast(input, weight, bias)
     if not mixed and input.is_floating_point():
-        weight, bias = _cast_param(weight, input.dtype), _cast_param(bias, input.dtype)
+        if weight is not None and weight.dtype != input.dtype:
+            weight = weight.to(input.dtype)
+        if bias is not None and bias.dtype != input.dtype:
+            bias = bias.to(input.dtype)
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # tracers see the ops by name
+        if torch.onnx.is_in_onnx_export():  # always traced (torch.export, or torch.jit.trace)
+            return _onnx_norm(input, shape, weight, bias, eps, rms=rms)
+        if rms:
+            return ops(_LIBRARY).rms_norm_fwd(input, shape, weight, eps, memory_efficient)[0]
+        return ops(_LIBRARY).layer_norm_fwd(input, shape, weight, bias, eps, memory_efficient)[0]
     if rms:
-        return run("rms_norm_fwd", (input, shape, weight, eps, memory_efficient))
-    return run("layer_norm_fwd", (input, shape, weight, bias, eps, memory_efficient))
+        return _eager_op(True)(input, shape, weight, eps, memory_efficient)[0]
+    return _eager_op(False)(input, shape, weight, bias, eps, memory_efficient)[0]
 
 
 def fused_layer_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
@@ -96,7 +139,7 @@ class _FusedNorm(nn.Module):
     def __init__(self, normalized_shape: _Shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  memory_efficient: bool = False):
         super().__init__()
-        ensure_loaded()
+        ops(_LIBRARY)  # build (first use) or load the kernels now, not in the first forward
         self.normalized_shape = tuple(_as_shape(normalized_shape))
         self.eps = eps
         self.elementwise_affine = elementwise_affine

@@ -1,13 +1,21 @@
 """What every apex fused optimizer shares.
 
-A step buckets each param group's params by dtype (a group lives on one device) so
-that each bucket is one ``multi_tensor_applier`` launch, keeps an int32 noop flag per
-device, counts steps in ``state['step']`` the way ``torch.optim`` does, and loads state
-dicts without rounding fp32 state kept for fp16/bf16 params.
+A step updates each param group's params of one dtype (a group lives on one device) in one
+``torch.ops.apex`` kernel call (a "launch"), keeps an int32 noop flag per device, counts steps in
+``state['step']`` the way ``torch.optim`` does, and loads state dicts without rounding fp32 state
+kept for fp16/bf16 params.
 
-The buckets, the lists of state tensors and the step counters are kept between steps
-(see ``_GroupPlan``): a step then costs a pass over the grads and one op per launch on
-the host, instead of a dict lookup and a CPU op per param.
+Eager steps keep each launch's lists between steps (``_Launch``): a step then costs one pass over
+the grads, an identity check of the state it uses and one op call, instead of a state lookup and
+a CPU op per param. Step counts live on the params' device, as views of one float32 tensor per
+launch (one ``add_`` advances them all) that the kernels read per tensor, so a launch needs no
+host sync and a param that started later keeps its own count. Whatever a script does to the
+state between steps is honoured: replaced or reset state (``opt.state[p] = {}``,
+``opt.state[p]['exp_avg'] = t``) is what the next step updates and what ``state_dict()`` saves.
+
+Under ``torch.compile`` the step is traced instead (no graph break, as for torch.optim): dynamo
+runs ``_init_group`` eagerly, as it does for torch.optim's optimizers, and the graph holds the
+step-count updates and the kernel calls.
 """
 from __future__ import annotations
 
@@ -15,20 +23,28 @@ import operator
 from collections.abc import Callable, Iterable
 from itertools import chain
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, ClassVar
 
 import torch
-from op_builder import load_op
 
-_Kept = TypeVar("_Kept")
+from apex._ops import ops
 
 REDUCED_PRECISION = (torch.float16, torch.bfloat16)
 SUPPORTED_DTYPES = (torch.float32, *REDUCED_PRECISION)
 
+# Elements per CPU task of the multi-tensor kernels (NVIDIA apex's chunk; CUDA kernels tile on their own).
+CHUNK_SIZE = 2048 * 32
+
+# State lists a kernel call takes at most besides grads and params (RMSprop: square_avg,
+# momentum_buffer, grad_avg; Adam: exp_avg, exp_avg_sq, master_param).
+_MAX_STATES = 3
+
 
 def amp_c() -> ModuleType:
-    """The compiled amp_C module (NVIDIA apex's multi-tensor kernels), built on first use."""
-    return load_op("amp_C")
+    """The amp_C module (NVIDIA apex's multi-tensor functions), loaded on first use."""
+    import amp_C
+
+    return amp_C
 
 
 def check_hyperparameters(
@@ -36,8 +52,12 @@ def check_hyperparameters(
     eps: float = 0.0,
     betas: tuple[float, float] = (0.0, 0.0),
     weight_decay: float = 0.0,
+    **named: float,
 ) -> None:
-    """Raise ValueError, with torch.optim's wording, for values no optimizer accepts."""
+    """Raise ValueError, with torch.optim's wording, for values no optimizer accepts. NaN fails
+    every check. ``named`` are further non-negative values (momentum=..., alpha=...)."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
     if not 0.0 <= float(lr):
         raise ValueError(f"Invalid learning rate: {lr}")
     if not 0.0 <= eps:
@@ -47,112 +67,139 @@ def check_hyperparameters(
             raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
     if not 0.0 <= weight_decay:
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    for name, value in named.items():
+        if not 0.0 <= value:
+            raise ValueError(f"Invalid {name} value: {value}")
 
 
-def _capturing(tensor: torch.Tensor) -> bool:
-    """Whether a CUDA graph is being captured on the current stream: work queued for ``tensor``'s
-    device now only runs when the graph replays (a counter stacked now would start empty)."""
-    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+def evaluate_closure(closure: Callable[[], torch.Tensor] | None) -> torch.Tensor | None:
+    """The loss a step's closure returns (grad enabled inside, as torch.optim does), or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
-class _StepCounter:
-    """The ``state['step']`` of params that share a step count, as views of one float32 tensor,
-    so that advancing them all is one op (a tensor per param, as torch.optim keeps them, costs
-    a CPU op per param and step: 1.1 ms for 289 params). ``step`` is the host-side count of
-    CPU counters (None on the device: reading it would synchronize)."""
+def _identical(values: Iterable[Any], expected: list[Any]) -> bool:
+    return all(map(operator.is_, values, expected))
 
-    def __init__(self, state: dict, params: list[torch.Tensor], steps: torch.Tensor, step: int | None) -> None:
+
+class _Launch:
+    """One kernel call of a step: the params of one group and dtype that have grads (each at most
+    once: a param listed twice goes to a later launch), with their state.
+
+    Per-param state the kernel takes as one float32 vector (``_STACKED``: the step counts, NovoGrad's
+    grad norms) is kept as views of one tensor, so that a step advances or blends it in one op.
+    Valid while the state it holds is the optimizer's: ``current()`` compares, by identity, every
+    state value it took (a C-level pass) with what the per-param state dicts hold now."""
+
+    def __init__(self, optimizer: FusedOptimizer, group: dict[str, Any], params: list[torch.Tensor],
+                 positions: list[int], owns_state: bool) -> None:
         self.params = params
-        self.steps = steps
-        self.step = step
-        views = steps.unbind()
-        for param, view in zip(params, views):
-            state[param]["step"] = view
-        self.first = views[0]  # what a launch of these params passes as its step
+        self.positions = positions  # of the params in group['params'], to pick their grads
+        self.owns_state = owns_state  # False for repeated params: an earlier launch holds their views
+        self.grads: list[torch.Tensor] = []
+        self.dtype = params[0].dtype
+        self.device = params[0].device
+        self.keys = optimizer._state_keys(group, self.dtype)
+        self.load_state(optimizer, group)
 
-    def advance(self, by: torch.Tensor | None = None) -> None:
-        """Add one (or ``by``, a device scalar) to every count."""
-        if by is None:
-            self.steps.add_(1)
-            self.step = None if self.step is None else self.step + 1
-        else:
-            self.steps.add_(by)
+    def load_state(self, optimizer: FusedOptimizer, group: dict[str, Any]) -> None:
+        """Take the params' state, initialising empty state (those params are ``fresh``: this step
+        is their first), and make the ``_STACKED`` entries views of one tensor each."""
+        dicts = [optimizer.state[p] for p in self.params]
+        self.fresh = tuple(i for i, state in enumerate(dicts) if optimizer._needs_init(state, self.keys))
+        for i in self.fresh:
+            optimizer._init_state(group, self.params[i], dicts[i])
+        stacked = optimizer._stacked_keys()
+        try:
+            self.stacked = {key: self._stack(dicts, key) for key in stacked if self.owns_state}
+            self.lists = {key: [state[key] for state in dicts] for key in self.keys if key not in stacked}
+        except KeyError as missing:
+            raise KeyError(f"{type(optimizer).__name__}: a param's state lacks {missing}; "
+                           "reset it with `optimizer.state[p] = {}`") from None
+        watched = (*self.keys, *(key for key in stacked if key not in self.keys))
+        self._dicts = dicts
+        self._getter = operator.itemgetter(*watched)
+        self._single = len(watched) == 1
+        self._watched = list(self._values())
+
+    def _stack(self, dicts: list[dict[str, Any]], key: str) -> torch.Tensor:
+        values = torch.stack([FusedOptimizer._as_scalar(state[key], self.device) for state in dicts])
+        for state, view in zip(dicts, values.unbind()):
+            state[key] = view
+        return values
+
+    def _values(self):
+        values = map(self._getter, self._dicts)
+        return values if self._single else chain.from_iterable(values)
+
+    def current(self) -> bool:
+        try:
+            return _identical(self._values(), self._watched)
+        except KeyError:
+            return False
+
+    def run(self, optimizer: FusedOptimizer, group: dict[str, Any]) -> None:
+        """Advance the step counts and call the kernel."""
+        stacked = self.stacked if self.owns_state else {
+            key: torch.stack([state[key] for state in self._dicts]) for key in optimizer._stacked_keys()}
+        steps = stacked.get("step")
+        if steps is not None:
+            by = optimizer._step_increment(self.device)
+            steps.add_(1 if by is None else by)
+        states = [stacked[key] if key in stacked else self.lists[key] for key in self.keys]
+        optimizer._launch(group, self.params, self.grads, states, steps, self.fresh)
+        self.fresh = ()
+        if not self.owns_state:  # repeated params: the counts and norms of an earlier launch's views
+            for key, values in stacked.items():
+                torch._foreach_copy_([state[key] for state in self._dicts], list(values.unbind()))
 
 
 class _GroupPlan:
-    """A param group's launch lists and what derives from them, kept between steps.
+    """A param group's launches, kept between eager steps while the group holds the same params
+    and the same of them have grads."""
 
-    Valid while the group holds the same params, the same params have grads and the
-    optimizer's state dict is the same object with the same number of entries; grads
-    themselves may be new tensors every step (``zero_grad(set_to_none=True)``): each step
-    reads them once, in ``grads``. ``load_state_dict`` drops every plan. Replacing a single
-    state tensor by hand is not noticed.
-    """
-
-    def __init__(self, group: dict[str, Any], by_dtype: dict[torch.dtype, list[torch.Tensor]], state: dict) -> None:
+    def __init__(self, optimizer: FusedOptimizer, group: dict[str, Any], has_grad: list[bool]) -> None:
         self.group = group
         self.params = list(group["params"])
-        self.has_grad = [p.grad is not None for p in self.params]
-        self.grads: list[torch.Tensor | None] = []  # this step's grads of self.params
-        self.by_dtype = by_dtype
-        self.state = state
-        self.state_size = -1  # set after the step that built the plan has created the state
-        # id(list) -> (list, positions of its params in self.params or None for all of them in
-        # order, values derived from it): the lists handed to the subclasses' _update.
-        self._lists: dict[int, tuple[list[torch.Tensor], list[int] | None, dict[Any, Any]]] = {}
-        for params in by_dtype.values():
-            self.register(params)
+        self.has_grad = has_grad
+        self.launches = [
+            _Launch(optimizer, group, params, positions, owns_state=round_ == 0)
+            for round_, params, positions in optimizer._split_launches(group, has_grad)
+        ]
 
-    def valid_for(self, state: dict, grads: list[torch.Tensor | None]) -> bool:
-        params = self.group["params"]
-        return (
-            state is self.state
-            and len(state) == self.state_size
-            and len(params) == len(self.params)
-            and all(map(operator.is_, params, self.params))
-            and [g is not None for g in grads] == self.has_grad
-        )
-
-    def register(self, params: list[torch.Tensor]) -> None:
-        """Make ``params`` (some of the group's params) a list whose derived values are kept."""
-        if len(params) == len(self.params) and all(map(operator.is_, params, self.params)):
-            positions = None
-        else:
-            index = {id(p): i for i, p in enumerate(self.params)}
-            positions = [index[id(p)] for p in params]
-        self._lists[id(params)] = (params, positions, {})
-
-    def _entry(self, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int] | None, dict[Any, Any]] | None:
-        entry = self._lists.get(id(params))
-        return entry if entry is not None and entry[0] is params else None
-
-    def memo(self, params: list[torch.Tensor]) -> dict[Any, Any] | None:
-        """The kept values of a registered list, else None."""
-        entry = self._entry(params)
-        return None if entry is None else entry[2]
-
-    def grads_of(self, params: list[torch.Tensor]) -> list[torch.Tensor | None] | None:
-        """This step's grads of a registered list, else None."""
-        entry = self._entry(params)
-        if entry is None:
-            return None
-        positions = entry[1]
-        return self.grads if positions is None else [self.grads[i] for i in positions]
+    def valid_for(self, group: dict[str, Any], has_grad: list[bool]) -> bool:
+        params = group["params"]
+        return (group is self.group and len(params) == len(self.params) and _identical(params, self.params)
+                and has_grad == self.has_grad)
 
 
 class FusedOptimizer(torch.optim.Optimizer):
-    """Base class of the apex fused optimizers; subclasses implement ``_update``."""
+    """Base class of the apex fused optimizers.
 
-    # Capturable optimizers keep state['step'] on the params' device, so a step needs no
-    # host sync and can be recorded in a CUDA graph.
-    steps_on_device: bool = False
+    Subclasses set ``_STATE`` (the per-param state lists their kernel takes, in order) and
+    implement ``_launch`` (one kernel call); ``_init_state`` / ``_state_dtype`` / ``_state_keys``
+    when the defaults (zeros of the param's dtype, ``_STATE``) do not fit.
+    """
+
+    _STATE: ClassVar[tuple[str, ...]] = ()
+    _COUNTS_STEPS: ClassVar[bool] = True  # keeps state['step'], as torch.optim's counterpart does
+    # Per-param scalar state the kernel takes as one float32 vector (besides the step counts).
+    _STACKED: ClassVar[tuple[str, ...]] = ()
+    # A step that found an overflow (GradScaler's found_inf) leaves the step counts alone.
+    _steps_skip_on_overflow: bool = False
+    # Capturable optimizers keep a float lr as a tensor on the params' device, so that a captured
+    # CUDA graph reads its live value (change it in place: group['lr'].fill_(new_lr)).
+    _lr_on_device: bool = False
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], set_grad_none: bool) -> None:
         self.set_grad_none = set_grad_none
         self._noop_flags: dict[torch.device, torch.Tensor] = {}
-        self._zero_one: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._constants: dict[tuple, torch.Tensor] = {}
+        self._lr_tensors: dict[int, list] = {}  # id(group) -> [value, CPU tensor of it]
         self._plans: dict[int, _GroupPlan] = {}  # by id(group)
-        self._active_plan: _GroupPlan | None = None  # the plan of the group being updated
+        self._state_seen: tuple[Any, list[Any]] | None = None
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -165,8 +212,9 @@ class FusedOptimizer(torch.optim.Optimizer):
                 f"{type(self).__name__}: a param group must keep all its params on one device, "
                 f"got {sorted(map(str, devices))}; put params of each device in their own group"
             )
-        if self.steps_on_device and devices:
-            self._lr_tensor(self.param_groups[-1], devices.pop())
+        group = self.param_groups[-1]
+        if self._lr_on_device and devices and not isinstance(group["lr"], torch.Tensor):
+            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=devices.pop())
 
     # Private attributes that are settings, not caches: pickled with the public ones.
     _pickled_private_attributes = ("_step_supports_amp_scaling", "_initial_step")
@@ -185,9 +233,10 @@ class FusedOptimizer(torch.optim.Optimizer):
         super().__setstate__(state)
         # Unpickled optimizers start with no cached flags or plans.
         self.__dict__.setdefault("_noop_flags", {})
-        self.__dict__.setdefault("_zero_one", {})
+        self.__dict__.setdefault("_constants", {})
+        self.__dict__.setdefault("_lr_tensors", {})
         self._plans = {}
-        self._active_plan = None
+        self._state_seen = None
         # Groups loaded from a torch.optim state dict lack apex's keys (bias_correction, ...).
         for group in self.param_groups:
             for key, value in self.defaults.items():
@@ -200,80 +249,110 @@ class FusedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         """One optimization step over every param that has a grad; returns ``closure()``'s loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._step_groups()
+        loss = evaluate_closure(closure)
+        if torch.compiler.is_compiling():
+            self._traced_step()
+        else:
+            self._eager_step()
         return loss
 
-    def _step_groups(self) -> None:
-        plans = [self._plan(group) for group in self.param_groups]
-        self._prepare_step([(plan.group, plan.by_dtype) for plan in plans])
-        for plan in plans:
-            self._active_plan = plan
-            try:
-                for params in plan.by_dtype.values():
-                    self._update(plan.group, params)
-            finally:
-                self._active_plan = None
-        for plan in plans:
-            plan.state_size = len(self.state)
+    # ---- what subclasses provide ---------------------------------------------------------------
 
-    def _plan(self, group: dict[str, Any]) -> _GroupPlan:
-        """The group's plan, holding this step's grads: the cached one while it is valid, else a new one."""
-        grads = [p.grad for p in group["params"]]
-        plan = self._plans.get(id(group))
-        if plan is None or plan.group is not group or not plan.valid_for(self.state, grads):
-            plan = _GroupPlan(group, self._params_by_dtype(group), self.state)
-            live = {id(g): g for g in self.param_groups}
-            self._plans = {key: p for key, p in self._plans.items() if live.get(key) is p.group}
-            self._plans[id(group)] = plan
-        plan.grads = grads
-        return plan
-
-    def _memo(self, params: list[torch.Tensor]) -> dict[Any, Any] | None:
-        """Values derived from the launch list ``params`` kept for the next steps, or None
-        when ``params`` is not a list of the plan of the group being updated."""
-        return None if self._active_plan is None else self._active_plan.memo(params)
-
-    def _kept(self, params: list[torch.Tensor], key: Any, compute: Callable[[], _Kept]) -> _Kept:
-        """``compute()``, run once and kept under ``key`` while ``params`` is a launch list of the
-        group being updated (see ``_memo``); run every time otherwise."""
-        memo = self._memo(params)
-        if memo is None:
-            return compute()
-        if key not in memo:
-            memo[key] = compute()
-        return memo[key]
-
-    def _prepare_step(self, buckets: list[tuple[dict[str, Any], dict[torch.dtype, list[torch.Tensor]]]]) -> None:
-        """Work a step needs across all groups before any update (LAMB's global grad norm)."""
-
-    def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        """Update ``params`` (one group, one dtype, all with grads) in one kernel launch or a few."""
-        raise NotImplementedError
+    def _state_keys(self, group: dict[str, Any], dtype: torch.dtype) -> tuple[str, ...]:
+        """The state lists a launch of ``dtype`` params takes, in the kernel's order."""
+        return self._STATE
 
     def _init_state(self, group: dict[str, Any], param: torch.Tensor, state: dict[str, Any]) -> None:
-        """Fill the empty ``state`` of ``param`` before its first update."""
-        raise NotImplementedError
+        """Fill what ``state`` lacks before ``param``'s first update (all of it for a new param)."""
+        if self._COUNTS_STEPS and state.get("step") is None:
+            state["step"] = self._new_step(param)
+        for key in self._state_keys(group, param.dtype):
+            if state.get(key) is None:
+                state[key] = self._initial_state(group, param, key)
+
+    def _initial_state(self, group: dict[str, Any], param: torch.Tensor, key: str) -> torch.Tensor:
+        """The value ``state[key]`` of a new param starts from: zeros by default."""
+        return self._zeros_state(param, key)
+
+    def _prime_state(self, group: dict[str, Any], param: torch.Tensor, state: dict[str, Any]) -> None:
+        """Under torch.compile: make new ``state`` give the first step's result through the
+        kernel's every-step formula (a compiled graph has no first-step branch of its own);
+        ``param.grad`` is that step's grad."""
+
+    @staticmethod
+    def _needs_init(state: dict[str, Any], keys: tuple[str, ...]) -> bool:
+        """Empty state (new, or reset with ``optimizer.state[p] = {}``), or a state list entry left
+        None (torch.optim.SGD's momentum_buffer without momentum)."""
+        return not state or any(state.get(key) is None for key in keys)
 
     def _state_dtype(self, param: torch.Tensor, key: str) -> torch.dtype:
         """The dtype ``state[key]`` of ``param`` is kept in (float32 moments of fp16 params, say)."""
         return param.dtype
 
-    def _zeros_state(self, param: torch.Tensor, key: str) -> torch.Tensor:
-        return torch.zeros_like(param, dtype=self._state_dtype(param, key), memory_format=torch.preserve_format)
+    def _launch(self, group: dict[str, Any], params: list[torch.Tensor], grads: list[torch.Tensor],
+                states: list[Any], steps: torch.Tensor | None, fresh: tuple[int, ...]) -> None:
+        """Update ``params`` (one group, one dtype, all with grads) in one kernel call. ``states``
+        follow ``_state_keys`` (lists of tensors; ``_STACKED`` keys: a float32 vector, or under
+        torch.compile the list of scalars); ``steps`` (float32 [n], already advanced) are the
+        step counts; ``fresh`` the positions of params whose state this step initialised."""
+        raise NotImplementedError
 
-    def _params_by_dtype(self, group: dict[str, Any]) -> dict[torch.dtype, list[torch.Tensor]]:
-        """The group's params that have a grad, by dtype: each list becomes one launch."""
+    def _stacked_keys(self) -> tuple[str, ...]:
+        return (("step",) if self._COUNTS_STEPS else ()) + self._STACKED
+
+    def _prepare_step(self, launches: list[tuple[dict[str, Any], list[torch.Tensor]]]) -> None:
+        """Work a step needs across all groups before any update (LAMB's global grad norm);
+        ``launches`` are (group, grads) of every launch of this step."""
+
+    # ---- the eager step ------------------------------------------------------------------------
+
+    def _eager_step(self) -> None:
+        self._forget_plans_if_state_changed()
+        work = []
+        for group in self.param_groups:
+            grads = [p.grad for p in group["params"]]
+            plan = self._plan(group, grads)
+            for launch in plan.launches:
+                launch.grads = [grads[i] for i in launch.positions]
+                keys = self._state_keys(group, launch.dtype)
+                if keys != launch.keys or not launch.current():  # state replaced, or settings changed
+                    launch.keys = keys
+                    launch.load_state(self, group)
+                work.append((group, launch))
+        self._prepare_step([(group, launch.grads) for group, launch in work])
+        for group, launch in work:
+            launch.run(self, group)
+        self._state_seen = (self.state, list(self.state.values()))
+
+    def _forget_plans_if_state_changed(self) -> None:
+        """Drop every launch list when the state mapping changed since the last step (a param's
+        state dict replaced or removed, the state cleared or loaded)."""
+        seen = self._state_seen
+        if seen is not None and (seen[0] is not self.state or len(seen[1]) != len(self.state)
+                                 or not _identical(self.state.values(), seen[1])):
+            self._plans = {}
+
+    def _plan(self, group: dict[str, Any], grads: list[torch.Tensor | None]) -> _GroupPlan:
+        has_grad = [g is not None for g in grads]
+        plan = self._plans.get(id(group))
+        if plan is None or not plan.valid_for(group, has_grad):
+            plan = _GroupPlan(self, group, has_grad)
+            live = {id(g): g for g in self.param_groups}
+            self._plans = {key: p for key, p in self._plans.items() if live.get(key) is p.group}
+            self._plans[id(group)] = plan
+        return plan
+
+    def _split_launches(self, group: dict[str, Any], has_grad: list[bool]):
+        """(round, params, positions) of each launch of a group: one per dtype, and a param listed
+        n times is in n successive rounds (updated n times per step, as torch.optim's for-loop does)."""
         name = type(self).__name__
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        launches: dict[tuple[int, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
+        seen: dict[int, int] = {}
         device = None
-        for param in group["params"]:
-            grad = param.grad
-            if grad is None:
+        for position, (param, present) in enumerate(zip(group["params"], has_grad)):
+            if not present:
                 continue
+            grad = param.grad
             if grad.layout != torch.strided:
                 raise RuntimeError(f"{name} does not support sparse gradients (got layout {grad.layout})")
             if param.dtype not in SUPPORTED_DTYPES:
@@ -284,83 +363,95 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"{name}: a param group must keep all its params on one device, "
                     f"got {device} and {param.device}; put params of each device in their own group"
                 )
-            by_dtype.setdefault(param.dtype, []).append(param)
-        return by_dtype
+            round_ = seen.get(id(param), 0)
+            seen[id(param)] = round_ + 1
+            params, positions = launches.setdefault((round_, param.dtype), ([], []))
+            params.append(param)
+            positions.append(position)
+        return [(round_, params, positions) for (round_, _), (params, positions) in sorted(
+            launches.items(), key=lambda item: item[0][0])]
 
-    def _ensure_state(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        def init_missing() -> bool:
-            for param in params:
+    # ---- the traced step (torch.compile) -------------------------------------------------------
+
+    def _traced_step(self) -> None:
+        """The step as dynamo traces it: _init_group runs eagerly (dynamo intercepts it, as for
+        torch.optim's optimizers) and returns the launches as constants; the graph advances the
+        step counts and calls the kernels."""
+        work = []
+        for group in self.param_groups:
+            params: list[torch.Tensor] = []
+            grads: list[torch.Tensor] = []
+            steps: list[torch.Tensor] = []
+            first: list[torch.Tensor] = []
+            second: list[torch.Tensor] = []
+            third: list[torch.Tensor] = []
+            launches = self._init_group(group, params, grads, steps, first, second, third)
+            states = (first, second, third)
+            for indices, state_count in launches:
+                work.append((group, [params[i] for i in indices], [grads[i] for i in indices],
+                             [[state[i] for i in indices] for state in states[:state_count]],
+                             [steps[i] for i in indices] if steps else None))
+        self._prepare_step([(group, grads) for group, _, grads, _, _ in work])
+        for group, params, grads, states, counts in work:
+            step_tensor = None
+            if counts is not None:
+                by = self._step_increment(params[0].device)
+                torch._foreach_add_(counts, [1 if by is None else by] * len(counts))
+                step_tensor = torch.stack(counts)
+            # The graph serves every later step too: state it initialised was primed instead.
+            self._launch(group, params, grads, states, step_tensor, ())
+
+    def _init_group(self, group: dict[str, Any], params: list, grads: list, steps: list, *states: list):
+        """Fill the lists with one group's params that have grads, their grads, step counts and
+        state lists (initialising and priming state); return ((indices, number of state lists),
+        ...) per launch. Under torch.compile dynamo runs this eagerly, once per compiled graph;
+        what it returns depends only on what dynamo guards (which params have grads, their dtypes)."""
+        launches = []
+        stacked = self._stacked_keys()
+        for _, launch_params, _ in self._split_launches(group, [p.grad is not None for p in group["params"]]):
+            device = launch_params[0].device
+            # Created now, so that the traced step only reads them.
+            self._noop_flag(device)
+            self._constant(0.0, device), self._constant(1.0, device), self._constant(1.0)
+            keys = self._state_keys(group, launch_params[0].dtype)
+            start = len(params)
+            for param in launch_params:
                 state = self.state[param]
-                if not state:
+                if self._needs_init(state, keys):
                     self._init_state(group, param, state)
-            return True
+                    self._prime_state(group, param, state)
+                for key in stacked:
+                    value = state[key]
+                    if not isinstance(value, torch.Tensor) or value._base is not None or value.device != device:
+                        # Stand-alone scalars: views of an eager launch's tensor would alias graph inputs.
+                        state[key] = self._as_scalar(value, device).clone()
+                params.append(param)
+                grads.append(param.grad)
+                if self._COUNTS_STEPS:
+                    steps.append(state["step"])
+                for key, out in zip(keys, states):
+                    out.append(state[key])
+            launches.append((tuple(range(start, len(params))), len(keys)))
+        return tuple(launches)
 
-        self._kept(params, "state_ready", init_missing)
+    # ---- shared pieces ---------------------------------------------------------------------------
 
-    def _tensor_lists(self, params: list[torch.Tensor], *state_keys: str) -> list[list[torch.Tensor]]:
-        """``[grads, params, state[key] for each key]``: the tensor lists of one launch."""
-        state_lists = self._kept(params, state_keys,
-                                 lambda: [[self.state[p][key] for p in params] for key in state_keys])
-        return [self._grads(params), params, *state_lists]
+    def _step_increment(self, device: torch.device) -> torch.Tensor | None:
+        """What the step counts advance by: 1 (None), or 0 on a step GradScaler found an overflow in."""
+        if not self._steps_skip_on_overflow:
+            return None
+        return (1 - self._amp_scaling(device)[0]).reshape(())
 
-    def _grads(self, params: list[torch.Tensor]) -> list[torch.Tensor | None]:
-        """The grads of ``params``; those of the group being updated were read once this step."""
-        grads = None if self._active_plan is None else self._active_plan.grads_of(params)
-        return [p.grad for p in params] if grads is None else grads
+    def _zeros_state(self, param: torch.Tensor, key: str) -> torch.Tensor:
+        return torch.zeros_like(param, dtype=self._state_dtype(param, key), memory_format=torch.preserve_format)
 
     def _new_step(self, param: torch.Tensor, value: float = 0.0) -> torch.Tensor:
-        """A ``state['step']`` counter: a float32 scalar like torch.optim's, on the param's device
-        when the optimizer is capturable, else on the CPU."""
-        device = param.device if self.steps_on_device else "cpu"
-        return torch.tensor(float(value), dtype=torch.float32, device=device)
+        """A ``state['step']`` count: a float32 scalar like torch.optim's, on the param's device."""
+        return torch.tensor(float(value), dtype=torch.float32, device=param.device)
 
-    def _advance_steps(self, params: list[torch.Tensor]) -> dict[int, list[torch.Tensor]]:
-        """Add one to each param's host-side step; return the params by their new step.
-
-        Kernels take one step count per launch; params that started later (a frozen layer
-        unfrozen) form their own launch.
-        """
-        counters = self._kept(params, "steps", lambda: self._host_step_counters(params))
-        for counter in counters:
-            counter.advance()
-        return {counter.step: counter.params for counter in counters}
-
-    def _host_step_counters(self, params: list[torch.Tensor]) -> list[_StepCounter]:
-        """One counter per distinct current step of ``params``."""
-        by_step: dict[int, list[torch.Tensor]] = {}
-        for param, step in zip(params, torch.stack([self.state[p]["step"] for p in params]).tolist()):
-            by_step.setdefault(int(step), []).append(param)
-        counters = [
-            _StepCounter(self.state, same, torch.full((len(same),), float(step), dtype=torch.float32), step)
-            for step, same in by_step.items()
-        ]
-        if self._memo(params) is not None:  # kept: each counter's params are a launch list of their own
-            for counter in counters:
-                self._active_plan.register(counter.params)
-        return counters
-
-    def _advance_device_steps(self, params: list[torch.Tensor], found_inf: torch.Tensor) -> torch.Tensor:
-        """Add one to each param's on-device step unless ``found_inf``; return the step as the
-        kernel takes it.
-
-        Without a host sync the steps cannot be compared, so a launch uses its first
-        param's step: params updated together must have started together (apex keeps
-        one step per group for the same reason).
-        """
-        advance = 1 - found_inf.reshape(())
-        memo = self._memo(params)
-        counter = None if memo is None else memo.get("steps")
-        if counter is None and memo is not None and not _capturing(params[0]):
-            steps = torch.stack([self.state[p]["step"] for p in params])
-            counter = memo["steps"] = _StepCounter(self.state, params, steps, None)
-        if counter is not None:
-            counter.advance(advance)
-            return counter.first
-        steps = [self.state[p]["step"] for p in params]
-        # The tensor-list overload, as torch's fused Adam does: the single-tensor overload
-        # was refused inside a CUDA graph capture (torch 2.11, H100).
-        torch._foreach_add_(steps, [advance] * len(steps))
-        return steps[0]
+    @staticmethod
+    def _as_scalar(value: Any, device: torch.device) -> torch.Tensor:
+        return torch.as_tensor(value, dtype=torch.float32, device=device).reshape(())
 
     def _noop_flag(self, device: torch.device) -> torch.Tensor:
         """The int32 ``[1]`` flag kernels read (skip) or set (overflow), one per device."""
@@ -369,6 +460,30 @@ class FusedOptimizer(torch.optim.Optimizer):
             flag = self._noop_flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
         return flag
 
+    def _constant(self, value: float, device: torch.device | str = "cpu") -> torch.Tensor:
+        """A float32 ``[1]`` tensor of ``value`` (kept: a step creates none)."""
+        key = (value, str(device))
+        tensor = self._constants.get(key)
+        if tensor is None:
+            tensor = self._constants[key] = torch.full((1,), value, dtype=torch.float32, device=device)
+        return tensor
+
+    def _lr(self, group: dict[str, Any]) -> torch.Tensor:
+        """The group's lr as kernels take it: the tensor itself if it is one, else a CPU scalar
+        the op reads when called (one per group, refilled when a scheduler changes the value)."""
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            return lr
+        if torch.compiler.is_compiling():
+            return torch.tensor([lr], dtype=torch.float32)
+        kept = self._lr_tensors.get(id(group))
+        if kept is None:
+            kept = self._lr_tensors[id(group)] = [None, torch.empty(1, dtype=torch.float32)]
+        if kept[0] != lr:
+            kept[1].fill_(lr)
+            kept[0] = lr
+        return kept[1]
+
     def _amp_scaling(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(found_inf, scale, inv_scale)``, float32 ``[1]`` on ``device``.
 
@@ -376,9 +491,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         ``_step_supports_amp_scaling`` instead of unscaling the grads itself; without a
         scaler the grads are taken as they are.
         """
-        if device not in self._zero_one:
-            self._zero_one[device] = tuple(torch.full((1,), v, dtype=torch.float32, device=device) for v in (0.0, 1.0))
-        zeros, ones = self._zero_one[device]
+        zeros, ones = self._constant(0.0, device), self._constant(1.0, device)
         found_inf = getattr(self, "found_inf", None)
         found_inf = zeros if found_inf is None else found_inf.to(device=device, dtype=torch.float32).reshape(1)
         scale = getattr(self, "grad_scale", None)
@@ -387,20 +500,12 @@ class FusedOptimizer(torch.optim.Optimizer):
         scale = scale.to(device=device, dtype=torch.float32).reshape(1)
         return found_inf, scale, scale.double().reciprocal().float()
 
-    def _lr_tensor(self, group: dict[str, Any], device: torch.device) -> torch.Tensor:
-        """The group's lr as a float32 tensor on ``device``, stored back so that a captured
-        graph reads the live value (change it with ``group['lr'].fill_(new_lr)``)."""
-        lr = group["lr"]
-        if not isinstance(lr, torch.Tensor) or lr.device != device or lr.dtype != torch.float32:
-            lr = group["lr"] = torch.as_tensor(lr, dtype=torch.float32, device=device)
-        return lr
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._plans = {}
         super().load_state_dict(state_dict)
         # torch.optim cast every floating state tensor to its param's dtype, which rounds
         # float32 state kept for fp16/bf16 params: cast again from the saved values, and
-        # place step counters where this optimizer counts them.
+        # place step counts where this optimizer counts them.
         saved_ids = chain.from_iterable(group["params"] for group in state_dict["param_groups"])
         params = chain.from_iterable(group["params"] for group in self.param_groups)
         for param_id, param in zip(saved_ids, params):

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from apex.multi_tensor_apply import multi_tensor_applier
-from apex.optimizers._fused_optimizer import FusedOptimizer, amp_c, check_hyperparameters
+from apex._ops import ops
+from apex.optimizers._fused_optimizer import CHUNK_SIZE, FusedOptimizer, check_hyperparameters
 
 
 class FusedAdagrad(FusedOptimizer):
@@ -27,6 +27,8 @@ class FusedAdagrad(FusedOptimizer):
             the grad when False.
     """
 
+    _STATE = ("sum",)
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -40,15 +42,9 @@ class FusedAdagrad(FusedOptimizer):
         self.adagrad_w_mode = 1 if adagrad_w_mode else 0
         super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay), set_grad_none)
 
-    def _init_state(self, group: dict[str, Any], param: torch.Tensor, state: dict[str, Any]) -> None:
-        state["step"] = self._new_step(param)
-        state["sum"] = self._zeros_state(param, "sum")
-
-    def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        self._ensure_state(group, params)
+    def _launch(self, group, params, grads, states, steps, fresh) -> None:
         # Adagrad's math needs no step count; it is kept for torch.optim.Adagrad's state layout.
-        self._advance_steps(params)
-        multi_tensor_applier(
-            amp_c().multi_tensor_adagrad, self._noop_flag(params[0].device), self._tensor_lists(params, "sum"),
-            group["lr"], group["eps"], self.adagrad_w_mode, group["weight_decay"],
+        ops("amp_C").multi_tensor_adagrad(
+            CHUNK_SIZE, self._noop_flag(params[0].device), grads, params, states[0], float(group["lr"]),
+            group["eps"], self.adagrad_w_mode, group["weight_decay"],
         )  # fmt: skip

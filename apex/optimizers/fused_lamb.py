@@ -1,13 +1,17 @@
-"""FusedLAMB: layer-wise adaptive moments (LAMB) in multi-tensor kernel launches."""
+"""FusedLAMB: layer-wise adaptive moments (LAMB) in one multi-tensor launch per param group and dtype."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from apex.multi_tensor_apply import multi_tensor_applier
-from apex.optimizers._fused_optimizer import FusedOptimizer, amp_c, check_hyperparameters
+from apex._ops import ops
+from apex.optimizers._fused_optimizer import CHUNK_SIZE, FusedOptimizer, check_hyperparameters
+
+# Which tensors the trust ratio ||p|| / ||update|| scales (multi_tensor_lamb_step's `trust`).
+TRUST_DECAYED, TRUST_ALL, TRUST_NONE = 0, 1, 2
 
 
 class FusedLAMB(FusedOptimizer):
@@ -20,7 +24,9 @@ class FusedLAMB(FusedOptimizer):
     moments ``state['exp_avg']``/``state['exp_avg_sq']`` are float32 (apex keeps them in the
     param's dtype, where fp16 second moments of clipped grads underflow).
 
-    Note: like apex, the kernel stores the update in ``param.grad`` during the step.
+    Two passes over the params and state per step after the global grad norm (the moments with
+    the per-tensor norms, then the trust-scaled update, recomputed from the new moments); unlike
+    apex's kernel, the grads are left as they were.
 
     Args:
         params: iterable of tensors or of param-group dicts.
@@ -34,10 +40,14 @@ class FusedLAMB(FusedOptimizer):
         use_nvlamb: apply the trust ratio to every tensor, also those without weight decay.
     """
 
+    _STATE = ("exp_avg", "exp_avg_sq")
+    # ||param|| is clamped to this in the trust ratio (Lamb clamps it to 10).
+    _max_param_norm: float = math.inf
+
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-3,
+        lr: float | torch.Tensor = 1e-3,
         bias_correction: bool = True,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,
@@ -63,40 +73,43 @@ class FusedLAMB(FusedOptimizer):
         self._global_grad_norm: torch.Tensor | None = None
         super().__init__(params, defaults, set_grad_none)
 
-    def _init_state(self, group: dict[str, Any], param: torch.Tensor, state: dict[str, Any]) -> None:
-        state["step"] = self._new_step(param)
-        state["exp_avg"] = self._zeros_state(param, "exp_avg")
-        state["exp_avg_sq"] = self._zeros_state(param, "exp_avg_sq")
-
     def _state_dtype(self, param: torch.Tensor, key: str) -> torch.dtype:
         return torch.float32
 
-    def _prepare_step(self, buckets: list[tuple[dict[str, Any], dict[torch.dtype, list[torch.Tensor]]]]) -> None:
-        # One L2 norm per (device, dtype) of all grads, then the norm of those norms.
-        grads: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-        for _, by_dtype in buckets:
-            for dtype, params in by_dtype.items():
-                grads.setdefault((params[0].device, dtype), []).extend(p.grad for p in params)
-        if not grads:
-            self._global_grad_norm = None
-            return
-        home = next(iter(grads))[0]
-        norms = [
-            multi_tensor_applier(amp_c().multi_tensor_l2norm, self._noop_flag(device), [same], False)[0].to(home)
-            for (device, _), same in grads.items()
-        ]
-        if len(norms) > 1:
-            norms = [multi_tensor_applier(amp_c().multi_tensor_l2norm, self._noop_flag(home), [norms], False)[0]]
-        self._global_grad_norm = norms[0]
+    def _trust(self) -> int:
+        return TRUST_ALL if self.use_nvlamb else TRUST_DECAYED
 
-    def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        self._ensure_state(group, params)
+    def _prepare_step(self, launches: list[tuple[dict[str, Any], list[torch.Tensor]]]) -> None:
+        self._global_grad_norm = self._grad_norm(launches)
+
+    def _grad_norm(self, launches: list[tuple[dict[str, Any], list[torch.Tensor]]]) -> torch.Tensor | None:
+        """The L2 norm of every grad of the step: one norm per (device, dtype), then their norm."""
+        grads: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for _, launch_grads in launches:
+            grads.setdefault((launch_grads[0].device, launch_grads[0].dtype), []).extend(launch_grads)
+        if not grads:
+            return None
+        amp_C = ops("amp_C")
+        home = next(iter(grads))[0]
+        norms = [amp_C.multi_tensor_l2norm(CHUNK_SIZE, self._noop_flag(device), same, False)[0].to(home)
+                 for (device, _), same in grads.items()]
+        return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.cat(norms)).reshape(1)
+
+    def _launch(self, group, params, grads, states, steps, fresh) -> None:
+        device = params[0].device
+        cpu = torch.device("cpu")
+        self._lamb(group, grads, params, states, [], steps, self._noop_flag(device),
+                   found_inf=self._constant(0.0, cpu), inv_scale=self._constant(1.0, cpu),
+                   max_grad_norm=self._constant(float(group["max_grad_norm"]), cpu))
+
+    def _lamb(self, group, grads, params, states, params_out, steps, flag, found_inf, inv_scale, max_grad_norm) -> None:
         beta1, beta2 = group["betas"]
         device = params[0].device
-        for step, same_step in self._advance_steps(params).items():
-            multi_tensor_applier(
-                amp_c().multi_tensor_lamb, self._noop_flag(device), self._tensor_lists(same_step, "exp_avg", "exp_avg_sq"),
-                group["lr"], beta1, beta2, group["eps"], step, 1 if group["bias_correction"] else 0,
-                group["weight_decay"], 1 if group["grad_averaging"] else 0, self.adam_w_mode,
-                self._global_grad_norm.to(device), group["max_grad_norm"], self.use_nvlamb,
-            )  # fmt: skip
+        # No global norm (Lamb without use_global_grad_norm): 0 never clips.
+        norm = self._constant(0.0, device) if self._global_grad_norm is None else self._global_grad_norm.to(device)
+        ops("amp_C").multi_tensor_lamb_step(
+            CHUNK_SIZE, flag, grads, params, states[0], states[1], params_out, self._lr(group), beta1, beta2,
+            group["eps"], steps, 1 if group["bias_correction"] else 0, group["weight_decay"],
+            1 if group["grad_averaging"] else 0, self.adam_w_mode, norm,
+            max_grad_norm, self._trust(), self._max_param_norm, found_inf, inv_scale,
+        )  # fmt: skip

@@ -7,8 +7,6 @@ from typing import Any
 
 import torch
 
-from apex.multi_tensor_apply import multi_tensor_applier
-from apex.optimizers._fused_optimizer import amp_c
 from apex.optimizers.fused_lamb import FusedLAMB
 
 
@@ -26,12 +24,13 @@ class FusedMixedPrecisionLamb(FusedLAMB):
         reduced_precision_dtype: the dtype whose params get float32 master copies, or None.
     """
 
-    steps_on_device = True
+    _lr_on_device = True
+    _steps_skip_on_overflow = True
 
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-3,
+        lr: float | torch.Tensor = 1e-3,
         step: int = 0,
         bias_correction: bool = True,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -59,38 +58,32 @@ class FusedMixedPrecisionLamb(FusedLAMB):
             max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb,
         )  # fmt: skip
 
-    def _has_master(self, param: torch.Tensor) -> bool:
-        return param.dtype == self.reduced_precision_dtype
+    def _has_master(self, dtype: torch.dtype) -> bool:
+        return dtype == self.reduced_precision_dtype
 
-    def _init_state(self, group: dict[str, Any], param: torch.Tensor, state: dict[str, Any]) -> None:
-        super()._init_state(group, param, state)
-        state["step"] = self._new_step(param, self._initial_step)
-        if self._has_master(param):
-            state["master_param"] = param.detach().float()
+    def _state_keys(self, group: dict[str, Any], dtype: torch.dtype) -> tuple[str, ...]:
+        return (*self._STATE, "master_param") if self._has_master(dtype) else self._STATE
 
-    def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        if params[0].dtype != torch.float32 and not self._has_master(params[0]):
+    def _new_step(self, param: torch.Tensor, value: float | None = None) -> torch.Tensor:
+        return super()._new_step(param, self._initial_step if value is None else value)
+
+    def _initial_state(self, group: dict[str, Any], param: torch.Tensor, key: str) -> torch.Tensor:
+        if key == "master_param":
+            return param.detach().float()
+        return super()._initial_state(group, param, key)
+
+    def _launch(self, group, params, grads, states, steps, fresh) -> None:
+        if params[0].dtype != torch.float32 and not self._has_master(params[0].dtype):
             raise TypeError(
                 f"FusedMixedPrecisionLamb updates {params[0].dtype} params through float32 master copies: "
                 f"construct it with reduced_precision_dtype={params[0].dtype} (got {self.reduced_precision_dtype})"
             )
-        self._ensure_state(group, params)
-        beta1, beta2 = group["betas"]
         device = params[0].device
         flag = self._noop_flag(device)
         found_inf, scale, inv_scale = self._amp_scaling(device)
         flag.copy_(found_inf)
-        step = self._advance_device_steps(params, found_inf)
-        if self._has_master(params[0]):
-            grads, model_params, exp_avgs, exp_avg_sqs, masters = self._tensor_lists(
-                params, "exp_avg", "exp_avg_sq", "master_param"
-            )
-            tensor_lists = [grads, masters, exp_avgs, exp_avg_sqs, model_params]
+        max_grad_norm = self._constant(float(group["max_grad_norm"]), device) * scale
+        if len(states) == 3:  # [exp_avg, exp_avg_sq, master_param]: the masters step, the params get copies
+            self._lamb(group, grads, states[2], states, params, steps, flag, found_inf, inv_scale, max_grad_norm)
         else:
-            tensor_lists = self._tensor_lists(params, "exp_avg", "exp_avg_sq")
-        multi_tensor_applier(
-            amp_c().multi_tensor_lamb_mp, flag, tensor_lists, self._lr_tensor(group, device), beta1, beta2,
-            group["eps"], step, 1 if group["bias_correction"] else 0, group["weight_decay"],
-            1 if group["grad_averaging"] else 0, self.adam_w_mode, self._global_grad_norm.to(device),
-            group["max_grad_norm"] * scale, self.use_nvlamb, found_inf, inv_scale,
-        )  # fmt: skip
+            self._lamb(group, grads, params, states, [], steps, flag, found_inf, inv_scale, max_grad_norm)

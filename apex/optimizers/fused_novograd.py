@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from apex.multi_tensor_apply import multi_tensor_applier
-from apex.optimizers._fused_optimizer import FusedOptimizer, amp_c, check_hyperparameters
+from apex._ops import ops
+from apex.optimizers._fused_optimizer import CHUNK_SIZE, FusedOptimizer, check_hyperparameters
 
 # norm_type values apex accepts, as the ord of the per-tensor grad norm.
 _NORM_ORDS = {2: 2.0, 0: float("inf")}
@@ -35,6 +35,9 @@ class FusedNovoGrad(FusedOptimizer):
             that the first blend changes nothing).
         set_grad_none: ``zero_grad()`` sets grads to None.
     """
+
+    _STATE = ("exp_avg", "exp_avg_sq")
+    _STACKED = ("exp_avg_sq",)  # one norm per param: the kernel blends the new norms into one vector
 
     def __init__(
         self,
@@ -66,33 +69,22 @@ class FusedNovoGrad(FusedOptimizer):
     def _state_dtype(self, param: torch.Tensor, key: str) -> torch.dtype:
         return torch.float32 if key == "exp_avg_sq" else param.dtype
 
-    def _init_state(self, group: dict[str, Any], param: torch.Tensor, state: dict[str, Any]) -> None:
-        state["step"] = self._new_step(param)
-        state["exp_avg"] = self._zeros_state(param, "exp_avg")
+    def _initial_state(self, group: dict[str, Any], param: torch.Tensor, key: str) -> torch.Tensor:
+        if key != "exp_avg_sq":
+            return super()._initial_state(group, param, key)
         if group["init_zero"]:
-            state["exp_avg_sq"] = torch.zeros((), dtype=torch.float32, device=param.device)
-        else:
-            ord = _NORM_ORDS[group["norm_type"]]
-            state["exp_avg_sq"] = torch.linalg.vector_norm(param.grad, ord, dtype=torch.float32)
+            return torch.zeros((), dtype=torch.float32, device=param.device)
+        return torch.linalg.vector_norm(param.grad, _NORM_ORDS[group["norm_type"]], dtype=torch.float32)
 
-    def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        self._ensure_state(group, params)
+    def _launch(self, group, params, grads, states, steps, fresh) -> None:
+        exp_avgs, norms = states
+        # The norms are one float32 vector (views of it are the states) eagerly; traced, the scalars.
+        vector = norms if isinstance(norms, torch.Tensor) else torch.stack(norms)
         beta1, beta2 = group["betas"]
-        flag = self._noop_flag(params[0].device)
-        for step, same_step in self._advance_steps(params).items():
-            multi_tensor_applier(
-                amp_c().multi_tensor_novograd, flag, self._tensor_lists(same_step, "exp_avg"), self._norms(same_step),
-                group["lr"], beta1, beta2, group["eps"], step, 1 if group["bias_correction"] else 0,
-                group["weight_decay"], 1 if group["grad_averaging"] else 0, self.moment_mode, group["norm_type"],
-            )  # fmt: skip
-
-    def _norms(self, params: list[torch.Tensor]) -> torch.Tensor:
-        """The params' ``state['exp_avg_sq']`` as views of one float32 vector, which the kernel
-        blends the new grad norms into in place (kept between steps like the launch lists)."""
-        def stack() -> torch.Tensor:
-            norms = torch.stack([self.state[p]["exp_avg_sq"] for p in params])
-            for param, view in zip(params, norms.unbind()):
-                self.state[param]["exp_avg_sq"] = view
-            return norms
-
-        return self._kept(params, "norms", stack)
+        ops("amp_C").multi_tensor_novograd_step(
+            CHUNK_SIZE, self._noop_flag(params[0].device), grads, params, exp_avgs, vector, group["lr"], beta1, beta2,
+            group["eps"], steps, 1 if group["bias_correction"] else 0, group["weight_decay"],
+            1 if group["grad_averaging"] else 0, self.moment_mode, group["norm_type"],
+        )  # fmt: skip
+        if vector is not norms:
+            torch._foreach_copy_(norms, list(vector.unbind()))

@@ -1,4 +1,4 @@
-"""FusedSGD: SGD with momentum in multi-tensor kernel launches."""
+"""FusedSGD: SGD with momentum in one multi-tensor kernel launch per param group and dtype."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch.optim.optimizer import required
 
-from apex.multi_tensor_apply import multi_tensor_applier
-from apex.optimizers._fused_optimizer import FusedOptimizer, amp_c
+from apex._ops import ops
+from apex.optimizers._fused_optimizer import CHUNK_SIZE, FusedOptimizer, check_hyperparameters
 
 
 class FusedSGD(FusedOptimizer):
@@ -16,11 +16,14 @@ class FusedSGD(FusedOptimizer):
 
     Params may be float32, float16 or bfloat16 on CUDA or CPU (one device per group);
     ``state['momentum_buffer']`` has the param's dtype and shape, so state dicts load into
-    ``torch.optim.SGD`` and back. Like apex, a buffer is kept even when ``momentum == 0``.
+    ``torch.optim.SGD`` and back. Like apex, a buffer is kept even when ``momentum == 0``. With
+    16-bit params the kernel rounds where torch.optim.SGD's fp16 arithmetic rounds, so the two
+    follow the same trajectory.
 
-    Under ``apex.amp`` (an ``_amp_stash`` with fp32 master params), fp16 model params are
-    updated through their fp32 masters in the same launch, and the grads are divided by
-    ``most_recent_scale`` (the loss scale amp last used) inside the kernel.
+    Under ``apex.amp`` with fp32 master params (an ``_amp_stash`` holding
+    ``fp32_from_fp16_groups``), fp16 model params are updated through their masters in the same
+    launch, and the grads are divided by ``most_recent_scale`` (the loss scale amp last used)
+    inside the kernel.
 
     Args:
         params: iterable of tensors or of param-group dicts.
@@ -32,6 +35,9 @@ class FusedSGD(FusedOptimizer):
             kernel reads the fp16 model grads directly.
         set_grad_none: ``zero_grad()`` sets grads to None.
     """
+
+    _STATE = ("momentum_buffer",)
+    _COUNTS_STEPS = False  # torch.optim.SGD keeps no step count
 
     def __init__(
         self,
@@ -45,12 +51,7 @@ class FusedSGD(FusedOptimizer):
         materialize_master_grads: bool = True,
         set_grad_none: bool = False,
     ) -> None:
-        if lr is not required and lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        check_hyperparameters(lr=0.0 if lr is required else lr, weight_decay=weight_decay, momentum=momentum)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
@@ -66,61 +67,67 @@ class FusedSGD(FusedOptimizer):
         for group in self.param_groups:
             group.setdefault("nesterov", False)
 
-    def _step_groups(self) -> None:
+    def _eager_step(self) -> None:
         stash = getattr(self, "_amp_stash", None)
         if stash is not None and hasattr(stash, "fp32_from_fp16_groups"):
             self._step_amp_masters(stash)
         else:
-            super()._step_groups()
+            super()._eager_step()
         self.most_recent_scale = 1.0
         self.scale_set_by_backward = False
 
-    def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        self._launch(group, [self._grads(params), params])
+    def _launch(self, group, params, grads, states, steps, fresh) -> None:
+        self._sgd(group, grads, params, states[0], [], fresh)
+
+    def _prime_state(self, group: dict[str, Any], param: torch.Tensor, state: dict[str, Any]) -> None:
+        # momentum * buf + (1 - dampening) * grad = grad, torch.optim.SGD's first buffer: buf = 0
+        # without dampening (exact), else dampening / momentum * grad.
+        if group["momentum"] != 0 and group["dampening"] != 0:
+            state["momentum_buffer"].copy_(param.grad).mul_(group["dampening"] / group["momentum"])
 
     def _step_amp_masters(self, stash: Any) -> None:
         """apex.amp O2: the groups hold fp32 masters of the fp16 model params (and fp32 params)."""
         for index, group in enumerate(self.param_groups):
             fp32_params = [p for p in stash.fp32_from_fp32_groups[index] if p.grad is not None]
             if fp32_params:
-                self._launch(group, [[p.grad for p in fp32_params], fp32_params])
+                buffers, fresh = self._buffers(group, fp32_params)
+                self._sgd(group, [p.grad for p in fp32_params], fp32_params, buffers, [], fresh)
             pairs = zip(stash.fp16_groups[index], stash.fp32_from_fp16_groups[index])
             if self.materialize_master_grads:
                 triples = [(master.grad, master, model) for model, master in pairs if master.grad is not None]
             else:
                 triples = [(model.grad, master, model) for model, master in pairs if model.grad is not None]
             if triples:
-                self._launch(group, [list(column) for column in zip(*triples)])
+                grads, masters, models = (list(column) for column in zip(*triples))
+                buffers, fresh = self._buffers(group, masters)
+                self._sgd(group, grads, masters, buffers, models, fresh)
 
-    def _launch(self, group: dict[str, Any], lists: list[list[torch.Tensor]]) -> None:
-        """Launch ``[grads, params(, fp16 model copies)]`` with the params' momentum buffers.
+    def _buffers(self, group: dict[str, Any], params: list[torch.Tensor]) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+        """The params' momentum buffers (created where missing) and the positions of new ones."""
+        fresh = []
+        for position, param in enumerate(params):
+            state = self.state[param]
+            if state.get("momentum_buffer") is None:
+                self._init_state(group, param, state)
+                fresh.append(position)
+        return [self.state[p]["momentum_buffer"] for p in params], tuple(fresh)
 
-        The kernel starts a new buffer from the grad (``first_run``, as torch.optim.SGD does)
-        or blends into it, so params with and without a buffer go in separate launches.
-        """
-        params = lists[1]
-        memo = self._memo(params)
-        buffers = None if memo is None else memo.get("momentum_buffers")
-        if buffers is not None:  # every param has had its buffer since an earlier step
-            self._launch_sgd(group, [lists[0], params, buffers, *lists[2:]], first_run=False)
+    def _sgd(self, group: dict[str, Any], grads: list[torch.Tensor], weights: list[torch.Tensor],
+             buffers: list[torch.Tensor], copies: list[torch.Tensor], fresh: tuple[int, ...]) -> None:
+        """Launch [grads, weights, buffers(, fp16 copies)]. A new buffer starts from the grad
+        (``first_run``, as torch.optim.SGD does), so new buffers go in a launch of their own."""
+        lists = [grads, weights, buffers, copies]
+        if fresh and group["momentum"] != 0 and len(fresh) < len(weights):
+            old = [i for i in range(len(weights)) if i not in fresh]
+            for positions, first_run in ((fresh, True), (old, False)):
+                picked = [[column[i] for i in positions] for column in lists[:3]]
+                self._call(group, *picked, [copies[i] for i in positions] if copies else [], first_run)
             return
-        is_new = ["momentum_buffer" not in self.state[p] for p in params]
-        for first_run in (True, False):
-            picked = [i for i, new in enumerate(is_new) if new == first_run]
-            if not picked:
-                continue
-            grads, weights, *model_copies = ([column[i] for i in picked] for column in lists)
-            if first_run:
-                for param in weights:
-                    self.state[param]["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            buffers = [self.state[p]["momentum_buffer"] for p in weights]
-            self._launch_sgd(group, [grads, weights, buffers, *model_copies], first_run)
-        if memo is not None:
-            memo["momentum_buffers"] = [self.state[p]["momentum_buffer"] for p in params]
+        self._call(group, *lists, first_run=bool(fresh))
 
-    def _launch_sgd(self, group: dict[str, Any], lists: list[list[torch.Tensor]], first_run: bool) -> None:
-        multi_tensor_applier(
-            amp_c().multi_tensor_sgd, self._noop_flag(lists[1][0].device), lists, group["weight_decay"],
+    def _call(self, group: dict[str, Any], grads, weights, buffers, copies, first_run: bool) -> None:
+        ops("amp_C").multi_tensor_sgd(
+            CHUNK_SIZE, self._noop_flag(weights[0].device), grads, weights, buffers, copies, group["weight_decay"],
             group["momentum"], group["dampening"], group["lr"], group["nesterov"], first_run, self.wd_after_momentum,
             1.0 / self.most_recent_scale,
         )  # fmt: skip

@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
 
+from apex._ops import ops
 from apex.parallel import _process_group
 
 
 def _apex_C():
-    from op_builder import load_op
-
-    return load_op("apex_C")
+    """``torch.ops.apex`` with the apex_C ops (apex_C_flatten / apex_C_unflatten) loaded."""
+    return ops("apex_C")
 
 
 @torch.no_grad()
@@ -35,11 +35,11 @@ def flat_dist_call(tensors: Sequence[torch.Tensor], call, extra_args: tuple = ()
     for t in tensors:
         same_kind[(t.dtype, t.device)].append(t)
     for bucket in same_kind.values():
-        flat = apex_C.flatten(bucket)
+        flat = apex_C.apex_C_flatten(bucket)
         call(flat, *extra_args, group=group)
         if call is dist.all_reduce:
             flat.div_(dist.get_world_size(group))
-        torch._foreach_copy_(bucket, apex_C.unflatten(flat, bucket))
+        torch._foreach_copy_(bucket, apex_C.apex_C_unflatten(flat, bucket))
 
 
 def _module_device(module: torch.nn.Module, user: str) -> torch.device:
@@ -327,7 +327,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _launch(self, b: int) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._bucket_params(b)]
         with self._profiled(f"apex.ddp.allreduce_bucket_{b}"):
-            flat = _apex_C().flatten(grads)
+            flat = _apex_C().apex_C_flatten(grads)
             if self.allreduce_always_fp32 and flat.dtype != torch.float32:
                 flat = flat.float()
             if self.gradient_predivide_factor != 1.0:
@@ -352,7 +352,7 @@ class DistributedDataParallel(torch.nn.Module):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             grads = [p.grad for p in params]
-            torch._foreach_copy_(grads, apex_C.unflatten(flat, grads))
+            torch._foreach_copy_(grads, apex_C.apex_C_unflatten(flat, grads))
 
 
 class Reducer:

@@ -5,7 +5,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from apex.parallel import _process_group
-from apex.parallel.sync_batchnorm_function import SyncBatchnormFunction
+from apex.parallel.sync_batchnorm_function import SyncBatchnormFunction, batch_norm_single_process
 
 
 _CHANNELS_LAST_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
@@ -97,7 +97,9 @@ class SyncBatchNorm(_BatchNorm):
         # Updated in training; the normalization statistics in eval.
         running_mean = self.running_mean if self.track_running_stats else None
         running_var = self.running_var if self.track_running_stats else None
-
+        if use_batch_stats and world_size == 1:
+            return batch_norm_single_process(input, z, self.weight, self.bias, running_mean, running_var, self.eps,
+                                             momentum, channels_innermost, permuted, self.fuse_relu)
         return SyncBatchnormFunction.apply(
             input, z, self.weight, self.bias, running_mean, running_var, self.eps, use_batch_stats, momentum,
             self.process_group, world_size, channels_innermost, permuted, self.fuse_relu)

@@ -21,13 +21,17 @@ would change nothing are not dispatched; the running statistics take one foreach
 
 Inputs arrive as (N, C, *), as (*, C) with ``channel_last=True``, or as (N, C, *) stored
 channels-last with ``permuted=True`` (the kernels then see its (N, *, C) view).
+
+A training step of one process has no collective between the kernels: ``batch_norm_single_process``
+runs it as one differentiable C++ op (syncbn_batch_norm, formula in C++), which costs the host about
+what torch's BatchNorm does, where this autograd.Function costs twice that.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from apex.parallel._syncbn_ops import ops, statistics_dtype
+from apex._ops import ops
 
 # Newer torch renamed all_gather_into_tensor (and deprecated the old name).
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -50,6 +54,33 @@ def _count_tensor(count: int, dtype: torch.dtype, device: torch.device) -> torch
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """``t`` in ``dtype``; no dispatcher round trip when it already is (fp32 parameters and statistics)."""
     return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _check_count(local_count: int, input: torch.Tensor) -> None:
+    if local_count <= 1:
+        raise ValueError(f"SyncBatchNorm: expected more than 1 value per channel when training, got input "
+                         f"of shape {tuple(input.shape)}")
+
+
+# syncbn_batch_norm's C++ entry point (what OpOverload.__call__ calls), bound on the first eager call.
+_single_process_op = None
+
+
+def batch_norm_single_process(input, z, weight, bias, running_mean, running_var, eps, momentum, channel_last,
+                              permuted, fuse_relu):
+    """One process's training step (batch statistics, no collective); arguments as SyncBatchnormFunction's."""
+    global _single_process_op
+    _check_count(input.numel() // (input.size(-1) if channel_last and not permuted else input.size(1)), input)
+    if torch.compiler.is_compiling():
+        op = ops("syncbn").syncbn_batch_norm
+    else:
+        if _single_process_op is None:
+            _single_process_op = ops("syncbn").syncbn_batch_norm.default._op
+        op = _single_process_op
+    out, mean, var, _ = op(input, z, weight, bias, eps, channel_last, permuted, fuse_relu)
+    if running_mean is not None:  # mean and var need no grad: statistics, not differentiable outputs
+        _update_running_stats(running_mean, running_var, mean, var, momentum)
+    return out
 
 
 def _gather_statistics(mean, var_biased, count, group, world_size):
@@ -78,7 +109,7 @@ class SyncBatchnormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, z, weight, bias, running_mean, running_var, eps, use_batch_stats, momentum,
                 process_group, world_size, channel_last, permuted, fuse_relu):
-        apex = ops()
+        apex = ops("syncbn")
         if permuted:
             input = _to_channels_innermost(input)
             z = _to_channels_innermost(z) if z is not None else None
@@ -87,7 +118,7 @@ class SyncBatchnormFunction(torch.autograd.Function):
         channels = input.size(-1) if channel_last else input.size(1)
         # The kernels read affine parameters in the statistics dtype; converted once, here,
         # and kept for backward.
-        accumulate_dtype = statistics_dtype(input.dtype)
+        accumulate_dtype = torch.promote_types(input.dtype, torch.float32)  # float32, float64 for float64
         weight_acc, bias_acc = _cast(weight, accumulate_dtype), _cast(bias, accumulate_dtype)
         if use_batch_stats:
             welford = apex.syncbn_welford_mean_var_c_last if channel_last else apex.syncbn_welford_mean_var
@@ -96,9 +127,7 @@ class SyncBatchnormFunction(torch.autograd.Function):
             if world_size > 1:
                 means, variances, counts = _gather_statistics(mean, var_biased, local_count, process_group, world_size)
             else:
-                if local_count <= 1:
-                    raise ValueError(f"SyncBatchNorm: expected more than 1 value per channel when training, got input "
-                                     f"of shape {tuple(input.shape)}")
+                _check_count(local_count, input)
                 means, variances = mean.unsqueeze(0), var_biased.unsqueeze(0)
                 counts = _count_tensor(local_count, torch.long, input.device)
             mean, var, inv_std = apex.syncbn_welford_parallel(means, variances, counts, eps)
@@ -124,8 +153,9 @@ class SyncBatchnormFunction(torch.autograd.Function):
         return _from_channels_innermost(out).detach() if permuted else out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the syncbn ops have no derivatives of their own
     def backward(ctx, grad_output):
-        apex = ops()
+        apex = ops("syncbn")
         input, weight, weight_acc, mean, inv_std, counts, *relu_saved = ctx.saved_tensors
         if ctx.permuted:
             grad_output = _to_channels_innermost(grad_output)

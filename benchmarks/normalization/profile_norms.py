@@ -54,7 +54,7 @@ def short_name(name: str) -> str:
     """A kernel's name without return type, namespaces and argument list; template arguments kept."""
     name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
     name = name[: name.rindex("(")] if name.endswith(")") else name
-    return name.replace("apex::layer_norm::cuda::", "").replace("c10::", "")
+    return name.replace("apex::layer_norm::", "").replace("c10::", "")
 
 
 def main() -> None:

@@ -10,15 +10,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "compatibility")]
 from benchmarks.common import time_ms  # noqa: E402
-from op_builder import load_op  # noqa: E402
 
 LR, BETAS, EPS, WD = 1e-4, (0.9, 0.999), 1e-8, 0.01
 
 
 def main(layers=4, d=256, vocab=4096):
-    amp_C = load_op("amp_C")
+    import amp_C
+
     per_layer = [(3 * d, d), (3 * d,), (d, d), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,), (d,), (d,), (d,), (d,)]
     shapes = [(vocab, d)] + per_layer * layers
     params = [torch.randn(s) * 0.02 for s in shapes]

@@ -1,9 +1,5 @@
-"""amp_C multi-tensor kernels beside PyTorch's foreach/fused kernels on a GPT-like parameter set.
-
-289 fp32 tensors, 354.9M parameters: 24 layers x 12 tensors (qkv 3072x1024, proj 1024x1024,
-fc1 4096x1024, fc2 1024x4096, each with its bias, and two LayerNorms' weight and bias) plus one
-embedding table holding the 50304 token rows, the 1024 position rows and the final LayerNorm
-(51330x1024), so the parameter count matches GPT-2 medium's.
+"""amp_C multi-tensor kernels beside PyTorch's foreach/fused kernels on a GPT-like parameter set
+(param_sets.gpt_medium_shapes: 289 fp32 tensors, 354.9M parameters).
 
 Rows: an AdamW step (28 bytes/param: read p, g, m, v; write p, m, v), the global grad L2 norm
 (4 bytes/param) and amp's unscale with inf/nan check (8 bytes/param, read and written in
@@ -19,23 +15,21 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.common import BandwidthTable, copy_bandwidth_gbs, time_ms  # noqa: E402
-from op_builder import load_op  # noqa: E402
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE.parents[1] / "compatibility"), str(HERE)]
+from benchmarks.common import BandwidthTable, copy_bandwidth_gbs, require_gpu, time_ms  # noqa: E402
+from param_sets import gpt_medium_shapes  # noqa: E402
 
 CHUNK = 2048 * 32
 LR, BETAS, EPS, WD = 1e-4, (0.9, 0.999), 1e-8, 0.01
 
 
-def gpt_shapes(layers=24, d=1024, vocab=50304, positions=1024):
-    per_layer = [(3 * d, d), (3 * d,), (d, d), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,), (d,), (d,), (d,), (d,)]
-    return [(vocab + positions + 2, d)] + per_layer * layers
-
-
 def main():
-    amp_C = load_op("amp_C")
+    require_gpu(__file__)
+    import amp_C  # the historical face (compatibility/amp_C.py) over torch.ops.apex
+
     device = "cuda"
-    shapes = gpt_shapes()
+    shapes = gpt_medium_shapes()
     params = [torch.randn(s, device=device) * 0.02 for s in shapes]
     grads = [torch.randn_like(p) * 1e-3 for p in params]
     numel = sum(p.numel() for p in params)

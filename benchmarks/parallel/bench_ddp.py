@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from benchmarks.common import time_ms  # noqa: E402
+from benchmarks.common import require_gpu, time_ms  # noqa: E402
 from benchmarks.parallel.launch import run_on_gpus  # noqa: E402
 
 
@@ -82,7 +82,5 @@ def benchmark(rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    gpus = torch.cuda.device_count()
-    if gpus < 2:
-        sys.exit(f"bench_ddp needs 2 GPUs, found {gpus}")
+    require_gpu(__file__, 2)
     run_on_gpus(benchmark, 2)

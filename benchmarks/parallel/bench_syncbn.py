@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from benchmarks.common import BandwidthTable, copy_bandwidth_gbs, time_ms  # noqa: E402
+from benchmarks.common import BandwidthTable, copy_bandwidth_gbs, require_gpu, time_ms  # noqa: E402
 from benchmarks.parallel.launch import run_on_gpus  # noqa: E402
 
 SHAPE = (64, 256, 56, 56)
@@ -76,6 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=None, help="1 or 2 (default: 1, then 2 if available)")
     args = parser.parse_args()
+    require_gpu(__file__, args.gpus or 1)
     counts = [args.gpus] if args.gpus else [1] + ([2] if torch.cuda.device_count() >= 2 else [])
     for gpus in counts:
         if gpus == 1:

@@ -6,9 +6,10 @@
 
 The input is tiny (N=2, C=8, 4x4), so kernel time is negligible and a step costs what
 the host spends between launches: Python, the dispatcher, autograd. Per row it prints
-the µs per step, the ops one step dispatches from Python and autograd (torch.profiler
-events whose parent is not an op; ops that C++ kernels call inside are not counted)
-and the autograd nodes between the output and the leaves.
+the µs per step, apex's µs beside torch's for the same layout ("vs torch": apex / torch),
+the ops one step dispatches from Python and autograd (torch.profiler events whose parent
+is not an op; ops that C++ kernels call inside are not counted) and the autograd nodes
+between the output and the leaves.
 
 Timing: runs of back-to-back steps, the rows taking turns so that a busy neighbour slows
 all of them alike, and the fastest run of each row is kept. On CPU the clock is the
@@ -121,9 +122,11 @@ def run_table(device: str, steps: int, repeats: int, verbose: bool, rank: int = 
         return
     world = dist.get_world_size() if dist.is_initialized() else 1
     print(f"SyncBatchNorm fwd+bwd host cost, {device}, {world} process(es), shape {SHAPE}, torch {torch.__version__}")
-    print(f"{'layout':<24} {'implementation':<20} {'us/step':>9} {'ops/step':>9} {'autograd nodes':>15}")
+    print(f"{'layout':<24} {'implementation':<20} {'us/step':>9} {'vs torch':>9} {'ops/step':>9} {'autograd nodes':>15}")
     for (layout, name), (_, ops, nodes) in rows.items():
-        print(f"{layout:<24} {name:<20} {best[layout, name]:>9.1f} {sum(ops.values()):>9} {nodes:>15}")
+        theirs = best.get((layout, torch_name))
+        ratio = f"{best[layout, name] / theirs:>9.2f}" if theirs and name != torch_name else f"{'':>9}"
+        print(f"{layout:<24} {name:<20} {best[layout, name]:>9.1f} {ratio} {sum(ops.values()):>9} {nodes:>15}")
         if verbose:
             print("    " + ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())))
 
@@ -140,9 +143,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="timed runs per row (the fastest is printed)")
     parser.add_argument("--verbose", action="store_true", help="list the ops of one step")
     args = parser.parse_args()
-    from op_builder import load_op
+    from apex._ops import ops
 
-    load_op("syncbn")  # compile (or find) once, before any rank starts
+    ops("syncbn")  # compile (or find) once, before any rank starts
     if args.world == 1:
         torch.set_num_threads(1)
         run_table(args.device, args.steps, args.repeats, args.verbose)

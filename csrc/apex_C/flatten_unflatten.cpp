@@ -1,16 +1,17 @@
-// apex_C: flatten a list of dense tensors into one contiguous 1-D buffer, and view
-// such a buffer as tensors shaped like a list. DDP buckets and amp's combined
-// gradients use them to turn many small collectives or kernels into one.
+// apex_C: flatten a list of dense tensors into one contiguous 1-D buffer, and view such a buffer as
+// tensors shaped like a list. DDP buckets and amp's combined gradients use them to turn many small
+// collectives or kernels into one.
 //
-// The op is a concatenation, and ATen's cat is already the right kernel on every
-// device, so a single composite implementation serves CPU, CUDA and the meta
-// tensors torch.compile traces with (and autograd comes for free).
-#include <ATen/ATen.h>
-#include <torch/library.h>
-#include <torch/csrc/utils/pybind.h>
+// Both ops are compositions of ATen ops (cat, narrow, view), so they are registered as
+// CompositeImplicitAutograd: one implementation runs on every device, differentiates through those
+// ops, and traces as them under torch.compile (symbolic sizes included). No kernel of their own.
+#include <ATen/ops/cat.h>
 
-#include "apex/check.h"
+#include <vector>
 
+#include "apex/op.h"
+
+namespace apex::apex_C {
 namespace {
 
 void check_same_dense_kind(at::TensorList tensors, const char* op) {
@@ -26,51 +27,48 @@ void check_same_dense_kind(at::TensorList tensors, const char* op) {
   }
 }
 
-at::Tensor flatten(at::TensorList tensors) {
-  check_same_dense_kind(tensors, "apex_C.flatten");
-  std::vector<at::Tensor> rows;
-  rows.reserve(tensors.size());
-  for (const auto& t : tensors) rows.push_back(t.reshape({-1}));
-  return at::cat(rows);
-}
+// torch.ops.apex.apex_C_flatten(tensors): their elements, in order (each in its logical order), as one
+// contiguous 1-D tensor of their dtype, on their device.
+struct Flatten {
+  static constexpr const char* kSchema = "apex_C_flatten(Tensor[] tensors) -> Tensor";
 
-std::vector<at::Tensor> unflatten(const at::Tensor& flat, at::TensorList like) {
-  check_same_dense_kind(like, "apex_C.unflatten");
-  APEX_CHECK(flat.dim() == 1, "apex_C.unflatten: flat must be 1-D, got ", flat.dim(), " dims");
-  int64_t total = 0;
-  for (const auto& t : like) total += t.numel();
-  APEX_CHECK(flat.numel() == total, "apex_C.unflatten: flat has ", flat.numel(),
-             " elements but the tensors to match hold ", total);
-  std::vector<at::Tensor> views;
-  views.reserve(like.size());
-  int64_t offset = 0;
-  for (const auto& t : like) {
-    views.push_back(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-    offset += t.numel();
+  static at::Tensor call(at::TensorList tensors) {
+    check_same_dense_kind(tensors, "apex_C.flatten");
+    std::vector<at::Tensor> rows;
+    rows.reserve(tensors.size());
+    for (const auto& t : tensors) rows.push_back(t.reshape_symint({t.sym_numel()}));
+    return at::cat(rows);
   }
-  return views;
-}
+};
+
+// torch.ops.apex.apex_C_unflatten(flat, like): views of the 1-D `flat`, one per tensor of `like`, of
+// its shape (flat's dtype and device), in order; flat must hold exactly their elements.
+struct Unflatten {
+  static constexpr const char* kSchema = "apex_C_unflatten(Tensor(a) flat, Tensor[] like) -> Tensor(a)[]";
+
+  static std::vector<at::Tensor> call(const at::Tensor& flat, at::TensorList like) {
+    check_same_dense_kind(like, "apex_C.unflatten");
+    APEX_CHECK(flat.dim() == 1, "apex_C.unflatten: flat must be 1-D, got ", flat.dim(), " dims");
+    c10::SymInt total = 0;
+    for (const auto& t : like) total += t.sym_numel();
+    APEX_CHECK(flat.sym_numel().sym_eq(total), "apex_C.unflatten: flat has ", flat.sym_numel(),
+               " elements but the tensors to match hold ", total);
+    std::vector<at::Tensor> views;
+    views.reserve(like.size());
+    c10::SymInt offset = 0;
+    for (const auto& t : like) {
+      views.push_back(flat.narrow_symint(0, offset, t.sym_numel()).view_symint(t.sym_sizes()));
+      offset += t.sym_numel();
+    }
+    return views;
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(apex, m) {
-  m.def("flatten(Tensor[] tensors) -> Tensor");
-  m.def("unflatten(Tensor(a) flat, Tensor[] like) -> Tensor(a)[]");
+APEX_LIBRARY(m) {
+  define_composite<Flatten>(m);
+  define_composite<Unflatten>(m);
 }
 
-TORCH_LIBRARY_IMPL(apex, CompositeImplicitAutograd, m) {
-  m.impl("flatten", &flatten);
-  m.impl("unflatten", &unflatten);
-}
-
-// NVIDIA apex's module-level functions, for code that calls apex_C directly.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "apex_C: flatten/unflatten of dense tensor lists (torch.ops.apex.flatten / unflatten)";
-  // pybind converts Python lists to std::vector, not to ArrayRef.
-  m.def("flatten", [](const std::vector<at::Tensor>& tensors) { return flatten(tensors); },
-        "Concatenate dense tensors (one dtype, one device) into a 1-D tensor",
-        pybind11::arg("tensors"));
-  m.def("unflatten", [](const at::Tensor& flat, const std::vector<at::Tensor>& tensors) { return unflatten(flat, tensors); },
-        "Views of a 1-D tensor shaped like each tensor of a list",
-        pybind11::arg("flat"), pybind11::arg("tensors"));
-}
+}  // namespace apex::apex_C

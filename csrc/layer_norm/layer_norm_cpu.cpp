@@ -1,16 +1,15 @@
-// CPU kernels of apex's fused LayerNorm / RMSNorm: rows in parallel (at::parallel_for),
-// each row converted once to the accumulation type and processed with at::vec.
-
-#include "layer_norm.h"
-#include "layer_norm_math.h"
-
-#include <ATen/OpMathType.h>
+// fused_layer_norm_cuda: CPU kernels. Rows in parallel (at::parallel_for), each row converted once
+// to the accumulation type and processed with ATen's Vectorized (AVX2 in JIT builds).
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "layer_norm.h"
+#include "layer_norm_math.h"
 
 namespace apex::layer_norm {
 namespace {
@@ -22,16 +21,16 @@ int64_t grain_rows(int64_t cols) { return std::max<int64_t>(1, kElementsPerTask 
 
 // weight / bias as accumulation-type vectors (`fill` when absent), so every row loop has one shape.
 template <typename W, typename A>
-std::vector<A> parameter_or(const at::Tensor& p, int64_t cols, A fill) {
+std::vector<A> parameter_or(const void* p, int64_t cols, A fill) {
   std::vector<A> out(cols, fill);
-  if (p.defined()) at::vec::convert(p.const_data_ptr<W>(), out.data(), cols);
+  if (p) at::vec::convert(static_cast<const W*>(p), out.data(), cols);
   return out;
 }
 
 // The row loop both directions share: rows split into parallel tasks, each task calling
 // body(begin, end, gamma, beta) with weight / bias in the accumulation type A (1 / 0 when absent).
 template <typename W, typename A, typename Body>
-void for_row_ranges(int64_t rows, int64_t cols, const at::Tensor& weight, const at::Tensor& bias, Body&& body) {
+void for_row_ranges(int64_t rows, int64_t cols, const void* weight, const void* bias, Body&& body) {
   const auto gamma = parameter_or<W>(weight, cols, A(1));
   const auto beta = parameter_or<W>(bias, cols, A(0));
   at::parallel_for(0, rows, grain_rows(cols),
@@ -40,13 +39,13 @@ void for_row_ranges(int64_t rows, int64_t cols, const at::Tensor& weight, const 
 
 template <typename T, typename W>
 void forward_rows(const ForwardArgs& a) {
-  using A = at::opmath_type<T>;
+  using A = Acc<T>;
   using Vec = at::vec::Vectorized<A>;
   const int64_t cols = a.cols;
-  const T* x = a.input.const_data_ptr<T>();
-  W* y = a.output.mutable_data_ptr<W>();
-  A* mean_out = a.rms ? nullptr : a.mean.mutable_data_ptr<A>();
-  A* invvar_out = a.invvar.mutable_data_ptr<A>();
+  const T* x = static_cast<const T*>(a.input);
+  W* y = static_cast<W*>(a.output);
+  A* mean_out = static_cast<A*>(a.mean);
+  A* invvar_out = static_cast<A*>(a.invvar);
   const auto plus = [](Vec u, Vec v) { return u + v; };
 
   const auto normalize_rows = [&](int64_t begin, int64_t end, const A* gamma, const A* beta) {
@@ -74,15 +73,15 @@ void forward_rows(const ForwardArgs& a) {
 
 template <typename T, typename W>
 void backward_rows(const BackwardArgs& a) {
-  using A = at::opmath_type<T>;
+  using A = Acc<T>;
   using Vec = at::vec::Vectorized<A>;
-  const bool want_dgamma = a.grad_weight.defined(), want_dbeta = a.grad_bias.defined();
+  const bool want_dgamma = a.grad_weight != nullptr, want_dbeta = a.grad_bias != nullptr;
   const int64_t cols = a.cols;
-  const T* x_or_y = a.input_or_output.const_data_ptr<T>();
-  const W* dy = a.grad_output.const_data_ptr<W>();
-  T* dx = a.grad_input.mutable_data_ptr<T>();
-  const A* mean = a.rms ? nullptr : a.mean.const_data_ptr<A>();
-  const A* invvar = a.invvar.const_data_ptr<A>();
+  const T* x_or_y = static_cast<const T*>(a.input_or_output);
+  const W* dy = static_cast<const W*>(a.grad_output);
+  T* dx = static_cast<T*>(a.grad_input);
+  const A* mean = a.rms || a.memory_efficient ? nullptr : static_cast<const A*>(a.mean);
+  const A* invvar = static_cast<const A*>(a.invvar);
   const auto plus = [](Vec u, Vec v) { return u + v; };
 
   // One row of weight/bias partial sums per worker thread, summed at the end (no sharing, no atomics).
@@ -98,7 +97,7 @@ void backward_rows(const BackwardArgs& a) {
       at::vec::convert(x_or_y + r * cols, xhat.data(), cols);
       at::vec::convert(dy + r * cols, dy_row.data(), cols);
       const NormalizedInput<A> normalize{mean ? mean[r] : A(0), invvar[r], static_cast<A>(a.eps),
-                                         a.memory_efficient, a.weight.defined(), a.bias.defined()};
+                                         a.memory_efficient, a.weight != nullptr, a.bias != nullptr};
       for (int64_t c = 0; c < cols; ++c) xhat[c] = normalize(xhat[c], gamma[c], beta[c]);
       at::vec::map2<A>([](Vec g, Vec d) { return g * d; }, gdy.data(), gamma, dy_row.data(), cols);
       const A mean_gdy = a.rms ? A(0) : at::vec::reduce_all<A>(plus, gdy.data(), cols) / cols;
@@ -106,8 +105,9 @@ void backward_rows(const BackwardArgs& a) {
           at::vec::map2_reduce_all<A>([](Vec g, Vec h) { return g * h; }, plus, gdy.data(), xhat.data(), cols) /
           cols;
       const A inv = invvar[r];
-      at::vec::map2<A>([=](Vec g, Vec h) { return Vec(inv) * (g - Vec(mean_gdy) - h * Vec(mean_gdy_xhat)); },
-                       gdy.data(), gdy.data(), xhat.data(), cols);
+      at::vec::map2<A>(  // mean_gdy is 0 for RMSNorm: LayerNorm's formula serves both
+          [=](Vec g, Vec h) { return grad_input<false>(Vec(inv), g, h, Vec(mean_gdy), Vec(mean_gdy_xhat)); },
+          gdy.data(), gdy.data(), xhat.data(), cols);
       at::vec::convert(gdy.data(), dx + r * cols, cols);
       if (dgamma) {
         for (int64_t c = 0; c < cols; ++c) dgamma[c] += dy_row[c] * xhat[c];
@@ -119,29 +119,29 @@ void backward_rows(const BackwardArgs& a) {
   };
   for_row_ranges<W, A>(a.rows, cols, a.weight, a.bias, differentiate_rows);
 
-  const auto reduce_parts = [&](const std::vector<A>& parts, const at::Tensor& out) {
+  const auto reduce_parts = [&](const std::vector<A>& parts, void* out) {
     std::vector<A> total(cols, A(0));
     for (int64_t w = 0; w < workers; ++w) {
       at::vec::map2<A>(plus, total.data(), total.data(), parts.data() + w * cols, cols);
     }
-    at::vec::convert(total.data(), out.mutable_data_ptr<W>(), cols);
+    at::vec::convert(total.data(), static_cast<W*>(out), cols);
   };
   if (want_dgamma) reduce_parts(dgamma_parts, a.grad_weight);
   if (want_dbeta) reduce_parts(dbeta_parts, a.grad_bias);
 }
 
-void forward_cpu(const ForwardArgs& a) {
-  dispatch_dtypes(a.input.scalar_type(), a.output.scalar_type(), "fused_layer_norm forward (CPU)",
-                  [&](auto t, auto w) { forward_rows<decltype(t), decltype(w)>(a); });
-}
-
-void backward_cpu(const BackwardArgs& a) {
-  dispatch_dtypes(a.input_or_output.scalar_type(), a.grad_output.scalar_type(), "fused_layer_norm backward (CPU)",
-                  [&](auto t, auto w) { backward_rows<decltype(t), decltype(w)>(a); });
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(apex, CPU, m) { register_kernels<forward_cpu, backward_cpu>(m); }
+void forward(const Cpu&, const ForwardArgs& args) {
+  dispatch_input_and_output(args.input_dtype, args.output_dtype, [&](auto t, auto w) {
+    forward_rows<typename decltype(t)::type, typename decltype(w)::type>(args);
+  });
+}
+
+void backward(const Cpu&, const BackwardArgs& args) {
+  dispatch_input_and_output(args.input_dtype, args.output_dtype, [&](auto t, auto w) {
+    backward_rows<typename decltype(t)::type, typename decltype(w)::type>(args);
+  });
+}
 
 }  // namespace apex::layer_norm

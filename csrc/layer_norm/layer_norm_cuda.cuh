@@ -1,23 +1,15 @@
 #pragma once
 // Device helpers and launch-shape choices shared by the LayerNorm / RMSNorm CUDA kernels.
-
-#include "layer_norm.h"
-#include "layer_norm_math.h"
-
-#include "apex/aligned_vector.cuh"
-#include "apex/check.h"
-
-#include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/DeviceUtils.cuh>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/macros/Macros.h>
-
 #include <cstdint>
 #include <optional>
 #include <type_traits>
 
-namespace apex::layer_norm::cuda {
+#include "apex/cuda.cuh"
+#include "apex/occupancy.cuh"
+#include "layer_norm.h"
+#include "layer_norm_math.h"
+
+namespace apex::layer_norm {
 
 // Threads per block the launchers aim for: several blocks per SM, so one block's
 // reductions overlap another's loads.
@@ -28,8 +20,14 @@ constexpr int kMaxThreads = 1024;
 constexpr int kMaxRegisterRowThreads = 512;
 constexpr int kMaxWarps = kMaxThreads / C10_WARP_SIZE;
 
-template <typename T>
-using acc_t = at::opmath_type<T>;
+template <typename A>
+__device__ __forceinline__ A shuffle_xor(A value, int lane_mask) {
+#if defined(USE_ROCM)
+  return __shfl_xor(value, lane_mask);
+#else
+  return __shfl_xor_sync(0xffffffffu, value, lane_mask);
+#endif
+}
 
 // Sums K values over the blockDim.x threads that share one row (threadIdx.y picks the row);
 // every thread of the row gets the totals. Must be reached by every thread of the block.
@@ -38,7 +36,7 @@ __device__ __forceinline__ void row_sum(A (&v)[K], A* scratch /* >= kMaxWarps * 
   const int width = blockDim.x < C10_WARP_SIZE ? blockDim.x : C10_WARP_SIZE;
   for (int offset = width / 2; offset > 0; offset /= 2) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] += WARP_SHFL_XOR(v[k], offset);
+    for (int k = 0; k < K; ++k) v[k] += shuffle_xor(v[k], offset);
   }
   if (blockDim.x <= C10_WARP_SIZE) return;
   const int warps = blockDim.x / C10_WARP_SIZE;
@@ -55,7 +53,7 @@ __device__ __forceinline__ void row_sum(A (&v)[K], A* scratch /* >= kMaxWarps * 
   for (int k = 0; k < K; ++k) v[k] = lane < warps ? row_scratch[lane * K + k] : A(0);
   for (int offset = C10_WARP_SIZE / 2; offset > 0; offset /= 2) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] += WARP_SHFL_XOR(v[k], offset);
+    for (int k = 0; k < K; ++k) v[k] += shuffle_xor(v[k], offset);
   }
   __syncthreads();  // the scratch is reused by the next call
 }
@@ -87,9 +85,8 @@ struct RowLayout {
 // Register-resident layout for rows of `vecs` vectors, or nullopt if a row needs more than
 // max_items vectors (at most 8) on each of max_threads_per_row threads. Aims at target_items
 // vectors per thread (several loads in flight each) once a row fills a warp.
-inline std::optional<RowLayout> register_layout(int64_t vecs, int max_threads_per_row, int max_items = 8,
+inline std::optional<RowLayout> register_layout(int64_t vecs, int warp, int max_threads_per_row, int max_items = 8,
                                                 int target_items = 4) {
-  const int warp = at::cuda::warp_size();
   for (int items : {1, 2, 4, 8}) {
     if (items > max_items) break;
     if (items < target_items && vecs > int64_t(items) * warp) continue;
@@ -110,8 +107,7 @@ inline std::optional<RowLayout> register_layout(int64_t vecs, int max_threads_pe
 
 // Layout of the scalar "streaming" kernels (any width, any alignment): whole warps per row,
 // up to a block per row for wide rows.
-inline RowLayout streaming_layout(int64_t cols) {
-  const int warp = at::cuda::warp_size();
+inline RowLayout streaming_layout(int64_t cols, int warp) {
   int threads = warp;
   while (threads < kBlockThreads && threads * 8 < cols) threads *= 2;
   return RowLayout{1, threads, std::max(1, kBlockThreads / threads)};
@@ -135,22 +131,8 @@ void dispatch_bool(bool value, F&& f) {
   return f(std::false_type{});
 }
 
-template <typename P>
-const P* data_or_null(const at::Tensor& t) {
-  return t.defined() ? t.const_data_ptr<P>() : nullptr;
-}
+// The backward for data type T and parameter type W (layer_norm_backward.cuh).
+template <class T, class W>
+void backward_typed(const Cuda& device, const BackwardArgs& args, const Scratch& scratch);
 
-// Device guard, row-width check and dtype dispatch shared by the CUDA entry points:
-// calls launch(T{}, W{}) for input/x dtype T and weight/output dtype W.
-template <typename F>
-void on_device(const at::Tensor& tensor, int64_t cols, at::ScalarType input, at::ScalarType output, const char* name,
-               F&& launch) {
-  APEX_CHECK(cols <= INT32_MAX, name, ": rows longer than 2^31 - 1 elements are not supported");
-  const c10::cuda::CUDAGuard guard(tensor.device());
-  dispatch_dtypes(input, output, name, launch);
-}
-
-void forward_cuda(const ForwardArgs& args);
-void backward_cuda(const BackwardArgs& args);
-
-}  // namespace apex::layer_norm::cuda
+}  // namespace apex::layer_norm

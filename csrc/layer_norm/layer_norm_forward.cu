@@ -5,7 +5,7 @@
 
 #include "layer_norm_cuda.cuh"
 
-namespace apex::layer_norm::cuda {
+namespace apex::layer_norm {
 namespace {
 
 template <typename T, typename W>
@@ -14,19 +14,19 @@ struct ForwardParams {
   const W* gamma;  // nullable
   const W* beta;   // nullable
   W* y;
-  acc_t<T>* mean;  // nullable (RMSNorm)
-  acc_t<T>* invvar;
+  Acc<T>* mean;  // nullable (RMSNorm)
+  Acc<T>* invvar;
   int64_t rows;
   int cols;
-  acc_t<T> eps;
+  Acc<T> eps;
 };
 
 // mean (0 for RMSNorm) and invvar of a row from its per-thread sums; `centered_sq` maps the
 // mean to the thread's sum of squared deviations. Writes both statistics for live rows.
 template <bool RMS, typename T, typename W, typename SumFn, typename SqFn>
 __device__ __forceinline__ void row_statistics(const ForwardParams<T, W>& p, int64_t row, bool live, SumFn local_sum,
-                                               SqFn centered_sq, acc_t<T>& mean, acc_t<T>& invvar) {
-  using A = acc_t<T>;
+                                               SqFn centered_sq, Acc<T>& mean, Acc<T>& invvar) {
+  using A = Acc<T>;
   __shared__ A scratch[kMaxWarps];
   mean = A(0);
   if constexpr (!RMS) {
@@ -45,7 +45,7 @@ __device__ __forceinline__ void row_statistics(const ForwardParams<T, W>& p, int
 
 template <typename T, typename W, int ITEMS, bool RMS>
 __global__ void __launch_bounds__(kMaxRegisterRowThreads) forward_in_registers(ForwardParams<T, W> p) {
-  using A = acc_t<T>;
+  using A = Acc<T>;
   constexpr int V = vector_width<T>();
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < p.rows;
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kMaxRegisterRowThreads) forward_in_registers(F
 
 template <typename T, typename W, bool RMS>
 __global__ void forward_streaming(ForwardParams<T, W> p) {
-  using A = acc_t<T>;
+  using A = Acc<T>;
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < p.rows;
   const int end = live ? p.cols : 0;
@@ -137,14 +137,14 @@ __global__ void forward_streaming(ForwardParams<T, W> p) {
 }
 
 template <typename T, typename W>
-void launch_forward(const ForwardArgs& a) {
-  using A = acc_t<T>;
-  const ForwardParams<T, W> p{a.input.const_data_ptr<T>(),
-                              data_or_null<W>(a.weight),
-                              data_or_null<W>(a.bias),
-                              a.output.mutable_data_ptr<W>(),
-                              a.rms ? nullptr : a.mean.mutable_data_ptr<A>(),
-                              a.invvar.mutable_data_ptr<A>(),
+void launch_forward(const Cuda& device, const ForwardArgs& a) {
+  using A = Acc<T>;
+  const ForwardParams<T, W> p{static_cast<const T*>(a.input),
+                              static_cast<const W*>(a.weight),
+                              static_cast<const W*>(a.bias),
+                              static_cast<W*>(a.output),
+                              static_cast<A*>(a.mean),
+                              static_cast<A*>(a.invvar),
                               a.rows,
                               static_cast<int>(a.cols),
                               static_cast<A>(a.eps)};
@@ -153,12 +153,13 @@ void launch_forward(const ForwardArgs& a) {
   const bool vectorizable = !std::is_same_v<T, double> && a.cols % V == 0 && is_aligned(p.x) &&
                             is_aligned(p.y, kOutputAlignment) && is_aligned(p.gamma, kOutputAlignment) &&
                             is_aligned(p.beta, kOutputAlignment);
+  const int warp = cuda::device_limits(device.device).warp_size;
   const std::optional<RowLayout> layout =
-      vectorizable ? register_layout(a.cols / V, kMaxRegisterRowThreads) : std::nullopt;
-  const RowLayout shape = layout.value_or(streaming_layout(a.cols));
+      vectorizable ? register_layout(a.cols / V, warp, kMaxRegisterRowThreads) : std::nullopt;
+  const RowLayout shape = layout.value_or(streaming_layout(a.cols, warp));
   const dim3 block(shape.threads_per_row, shape.rows_per_block);
   const int64_t blocks = (a.rows + shape.rows_per_block - 1) / shape.rows_per_block;
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = cuda::stream(device);
   dispatch_bool(a.rms, [&](auto rms) {
     if (layout) {
       if constexpr (!std::is_same_v<T, double>) {
@@ -170,14 +171,21 @@ void launch_forward(const ForwardArgs& a) {
       forward_streaming<T, W, decltype(rms)::value><<<blocks, block, 0, stream>>>(p);
     }
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cuda::check_launch(a.rms ? "rms_norm_fwd" : "layer_norm_fwd");
 }
 
 }  // namespace
 
-void forward_cuda(const ForwardArgs& a) {
-  on_device(a.input, a.cols, a.input.scalar_type(), a.output.scalar_type(), "fused_layer_norm forward (CUDA)",
-            [&](auto t, auto w) { launch_forward<decltype(t), decltype(w)>(a); });
+void forward(const Cuda& device, const ForwardArgs& args) {
+  dispatch_input_and_output(args.input_dtype, args.output_dtype, [&](auto t, auto w) {
+    launch_forward<typename decltype(t)::type, typename decltype(w)::type>(device, args);
+  });
 }
 
-}  // namespace apex::layer_norm::cuda
+bool stream_is_capturing(const Cuda& device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cuda::check(cudaStreamIsCapturing(cuda::stream(device), &status), "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace apex::layer_norm

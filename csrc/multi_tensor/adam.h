@@ -1,190 +1,121 @@
-// Adam / AdamW: multi_tensor_adam (scalars from the host), multi_tensor_adam_capturable
-// (lr, step and the grad scaler's inv_scale read from device tensors, so a CUDA graph can
-// replay the step; skipped while the flag is set) and multi_tensor_adam_capturable_master
-// (the same, updating fp32 master weights and writing their copy into the model params).
+// Adam / AdamW, one functor for every entry point: multi_tensor_adam (scalars from the host),
+// multi_tensor_adam_capturable(_master) (lr, step counts and the grad scaler's inv_scale read from
+// tensors, so a CUDA graph can replay the step; skipped while the flag is set; with master
+// params the step runs on fp32 copies and the model params receive it rounded) and
+// multi_tensor_bert_adam (BertAdam: no bias correction, grads clipped by their norm, a warmup
+// schedule of the lr computed from the step count on the device).
 #pragma once
 
-#include <torch/library.h>
-
-#include "apex/multi_tensor_apply_common.h"
+#include "apex/multi_tensor_kernel.h"
 
 namespace apex::multi_tensor {
 
 enum AdamMode : int { kAdamL2 = 0, kAdamDecoupled = 1 };  // apex's ADAM_MODE_0 (Adam) / ADAM_MODE_1 (AdamW)
 
-struct AdamScalars {
-  float lr, beta1, beta2, epsilon, weight_decay;
-  float bias_correction1 = 1.f, bias_correction2 = 1.f;
-  int mode;
+// BertAdam's learning-rate schedules of x = progress through t_total steps (pytorch-pretrained-BERT).
+enum class LrSchedule : int { kNone = 0, kWarmupLinear, kWarmupCosine, kWarmupConstant, kWarmupPoly };
 
-  APEX_HD void set_step(float step, bool bias_correction) {
-    bias_correction1 = bias_correction ? 1.f - pow_scalar(beta1, step) : 1.f;
-    bias_correction2 = bias_correction ? 1.f - pow_scalar(beta2, step) : 1.f;
+// pytorch-pretrained-BERT's warmup_poly degree.
+constexpr float kWarmupPolyDegree = 0.5f;
+// BertAdam's clip: grads * max_norm / (norm + kClipEpsilon) when that is below 1.
+constexpr float kClipEpsilon = 1e-6f;
+constexpr float kPi = 3.14159265358979323846f;
+
+APEX_HD inline float lr_schedule_factor(LrSchedule schedule, float x, float warmup) {
+  if (schedule == LrSchedule::kNone) return 1.f;
+  if (x < warmup) return x / warmup;
+  switch (schedule) {
+    case LrSchedule::kWarmupLinear: return ScalarMath<float>::max((x - 1.f) / (warmup - 1.f), 0.f);
+    case LrSchedule::kWarmupCosine: return 0.5f * (1.f + cos_scalar(kPi * x));
+    case LrSchedule::kWarmupConstant: return 1.f;
+    case LrSchedule::kWarmupPoly: return pow_scalar(1.f - x, kWarmupPolyDegree);
+    default: return 1.f;
+  }
+}
+
+struct AdamArgs {
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f, weight_decay = 0.f;
+  int mode = kAdamDecoupled;
+  bool bias_correction = true;
+  ScalarArg lr, step, inv_scale{1.f};  // step: one count, or one per tensor
+  bool skip_if_flag_set = false;       // amp's found_inf, copied into the flag, skips the step
+  bool unscale_grads = false;          // write the unscaled (clipped) grads back, as apex's capturable Adam
+  ScalarArg grad_norm;                 // BertAdam: grads * min(1, max_grad_norm / (grad_norm + 1e-6))
+  float max_grad_norm = 0.f;           // <= 0: no clipping
+  LrSchedule schedule = LrSchedule::kNone;
+  float warmup = 0.f, t_total = 1.f;   // the schedule's x is (step - 1) / t_total
+};
+
+// lists: [grads, params, exp_avgs, exp_avg_sqs(, master_params)]
+struct AdamFunctor : FunctorBase<AdamFunctor> {
+  AdamArgs a;
+  bool has_master = false;
+  // Resolved per tensor by at_tensor.
+  float lr = 0.f, bias_correction1 = 1.f, bias_correction2 = 1.f, grad_scale = 1.f;
+
+  // With master params the model params are only written.
+  APEX_HD ListMask reads() const { return has_master ? lists_mask({0, 2, 3, 4}) : lists_mask({0, 1, 2, 3}); }
+  APEX_HD ListMask writes() const {
+    const ListMask grads = a.unscale_grads && grad_scale != 1.f ? lists_mask({0}) : 0;
+    return grads | (has_master ? lists_mask({1, 2, 3, 4}) : lists_mask({1, 2, 3}));
+  }
+  APEX_HD bool skip_if_flag_set() const { return a.skip_if_flag_set; }
+
+  APEX_HD AdamFunctor at_tensor(int64_t tensor) const {
+    AdamFunctor r = *this;
+    const float step = a.step.get(tensor);
+    r.lr = a.lr.get() * lr_schedule_factor(a.schedule, (step - 1.f) / a.t_total, a.warmup);
+    if (a.bias_correction) {
+      r.bias_correction1 = 1.f - pow_scalar(a.beta1, step);
+      r.bias_correction2 = 1.f - pow_scalar(a.beta2, step);
+    }
+    r.grad_scale = a.inv_scale.get();
+    if (a.max_grad_norm > 0.f) {
+      const float clip = a.max_grad_norm / (a.grad_norm.get() + kClipEpsilon);
+      if (clip < 1.f) r.grad_scale *= clip;
+    }
+    return r;
   }
 
   // One Adam step of one element, in apex's order of operations.
   template <class V>
   APEX_HD void update(V g, V& p, V& m, V& v) const {
-    if (mode == kAdamL2) g = g + V(weight_decay) * p;
-    m = V(beta1) * m + V(1.f - beta1) * g;
-    v = V(beta2) * v + V(1.f - beta2) * g * g;
-    const V denom = VecMath<V>::sqrt(v / V(bias_correction2)) + V(epsilon);
+    if (a.mode == kAdamL2) g = g + V(a.weight_decay) * p;
+    m = V(a.beta1) * m + V(1.f - a.beta1) * g;
+    v = V(a.beta2) * v + V(1.f - a.beta2) * g * g;
+    const V denom = VecMath<V>::sqrt(v / V(bias_correction2)) + V(a.epsilon);
     V step = (m / V(bias_correction1)) / denom;
-    if (mode == kAdamDecoupled) step = step + V(weight_decay) * p;
+    if (a.mode == kAdamDecoupled) step = step + V(a.weight_decay) * p;
     p = p - V(lr) * step;
   }
-};
 
-// lists: [grads, params, exp_avgs, exp_avg_sqs]
-struct AdamFunctor : FunctorBase<AdamFunctor> {
-  AdamScalars s;
-  APEX_HD ListMask reads() const { return lists_mask({0, 1, 2, 3}); }
-  APEX_HD ListMask writes() const { return lists_mask({1, 2, 3}); }
   template <class V>
   APEX_HD void operator()(V& g, V& p, V& m, V& v) const {
-    s.update(g, p, m, v);
-  }
-};
-
-// lists: [grads, params, exp_avgs, exp_avg_sqs(, master_params)]. Grads are unscaled in place
-// (g *= inv_scale); with master params the step runs on them and params receive the result.
-struct AdamCapturableFunctor : FunctorBase<AdamCapturableFunctor> {
-  static constexpr bool kSkipIfFlagSet = true;
-  AdamScalars s;
-  ScalarArg lr, step, inv_scale;
-  bool bias_correction;
-  bool has_master = false;
-  float inv_scale_value = 1.f;
-
-  // With master params, the model params are only written.
-  APEX_HD ListMask reads() const { return has_master ? lists_mask({0, 2, 3, 4}) : lists_mask({0, 1, 2, 3}); }
-  APEX_HD ListMask writes() const { return lists_mask({0, 1, 2, 3, 4}); }
-  APEX_HD AdamCapturableFunctor at_tensor(int) const {
-    AdamCapturableFunctor resolved = *this;
-    resolved.s.lr = lr.get();
-    resolved.s.set_step(step.get(), bias_correction);
-    resolved.inv_scale_value = inv_scale.get();
-    return resolved;
-  }
-  template <class V>
-  APEX_HD void operator()(V& g, V& p, V& m, V& v) const {
-    g = g * V(inv_scale_value);
-    s.update(g, p, m, v);
+    g = g * V(grad_scale);
+    update(g, p, m, v);
   }
   template <class V>
   APEX_HD void operator()(V& g, V& p, V& m, V& v, V& master) const {
-    g = g * V(inv_scale_value);
-    s.update(g, master, m, v);
+    g = g * V(grad_scale);
+    update(g, master, m, v);
     p = master;
   }
 };
 
-inline AdamScalars adam_scalars(double lr, double beta1, double beta2, double epsilon, int64_t mode,
-                                double weight_decay) {
-  APEX_CHECK(mode == kAdamL2 || mode == kAdamDecoupled, "multi_tensor_adam: mode must be 0 (L2, Adam) or 1 ",
-             "(decoupled weight decay, AdamW), got ", mode);
-  AdamScalars s;
-  s.lr = static_cast<float>(lr);
-  s.beta1 = static_cast<float>(beta1);
-  s.beta2 = static_cast<float>(beta2);
-  s.epsilon = static_cast<float>(epsilon);
-  s.weight_decay = static_cast<float>(weight_decay);
-  s.mode = static_cast<int>(mode);
-  return s;
-}
+void adam(const Cpu&, const TensorLists& lists, int* flag, const AdamFunctor& op);
+void adam(const Cuda&, const TensorLists& lists, int* flag, const AdamFunctor& op);
 
-template <class Engine>
-void multi_tensor_adam(int64_t chunk_size, const at::Tensor& noop_flag, at::TensorList grads, at::TensorList params,
-                       at::TensorList exp_avgs, at::TensorList exp_avg_sqs, double lr, double beta1, double beta2,
-                       double epsilon, int64_t step, int64_t mode, int64_t bias_correction, double weight_decay) {
-  constexpr const char* kName = "multi_tensor_adam";
-  AdamFunctor op;
-  op.s = adam_scalars(lr, beta1, beta2, epsilon, mode, weight_decay);
-  op.s.set_step(static_cast<float>(step), bias_correction == 1);
-  const auto param_dtype = list_dtype(kName, params, "params");
-  APEX_CHECK(list_dtype(kName, grads, "grads") == param_dtype, kName, ": grads must have the params' dtype");
-  const auto state_dtype = list_dtype(kName, exp_avgs, "exp_avgs");
-  APEX_CHECK(list_dtype(kName, exp_avg_sqs, "exp_avg_sqs") == state_dtype, kName,
-             ": exp_avgs and exp_avg_sqs must share one dtype");
-  dispatch_param_state<true>(kName, param_dtype, state_dtype, [&](auto p, auto s) {
-    using P = typename decltype(p)::type;
-    using S = typename decltype(s)::type;
-    Engine::template elementwise<TypeList<P, P, S, S>>(kName, chunk_size, noop_flag,
-                                                       {grads, params, exp_avgs, exp_avg_sqs}, op);
+template <class Engine, class Device>
+void run_adam(const Device& device, const TensorLists& lists, int* flag, const AdamFunctor& op) {
+  dispatch_param_state<true>(lists.dtypes[1], lists.dtypes[2], [&](auto p, auto s) {
+    using P = TypeOf<decltype(p)>;
+    using S = TypeOf<decltype(s)>;
+    if (!op.has_master) {
+      Engine::template elementwise<TypeList<P, P, S, S>>(device, lists, flag, op);
+    } else if constexpr (kIsReduced<P> && std::is_same_v<S, float>) {
+      Engine::template elementwise<TypeList<P, P, S, S, S>>(device, lists, flag, op);
+    }
   });
-}
-
-// Shared by the two capturable entry points; `master_params` is empty for the plain one.
-template <class Engine>
-void adam_capturable(const char* name, int64_t chunk_size, const at::Tensor& noop_flag, at::TensorList grads,
-                     at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                     at::TensorList master_params, const at::Tensor& lr, double beta1, double beta2, double epsilon,
-                     const at::Tensor& step, int64_t mode, int64_t bias_correction, double weight_decay,
-                     const at::Tensor& inv_scale) {
-  check_scalar_tensor(name, lr, noop_flag, "lr", {at::kFloat, at::kDouble});
-  check_scalar_tensor(name, step, noop_flag, "step", {at::kInt, at::kLong, at::kFloat, at::kDouble});
-  check_scalar_tensor(name, inv_scale, noop_flag, "inv_scale", {at::kFloat});
-  // Stream-ordered device-side conversions: nothing synchronises, so CUDA graphs can capture them.
-  const at::Tensor lr_f = lr.to(at::kFloat), step_f = step.to(at::kFloat);
-  AdamCapturableFunctor op;
-  op.s = adam_scalars(0.0, beta1, beta2, epsilon, mode, weight_decay);
-  op.lr.ptr = lr_f.data_ptr<float>();
-  op.step.ptr = step_f.data_ptr<float>();
-  op.inv_scale.ptr = inv_scale.data_ptr<float>();
-  op.bias_correction = bias_correction == 1;
-  op.has_master = !master_params.empty();
-
-  const auto param_dtype = list_dtype(name, params, "params");
-  APEX_CHECK(list_dtype(name, grads, "grads") == param_dtype, name, ": grads must have the params' dtype");
-  const auto state_dtype = list_dtype(name, exp_avgs, "exp_avgs");
-  APEX_CHECK(list_dtype(name, exp_avg_sqs, "exp_avg_sqs") == state_dtype, name,
-             ": exp_avgs and exp_avg_sqs must share one dtype");
-  if (master_params.empty()) {
-    dispatch_param_state(name, param_dtype, state_dtype, [&](auto p, auto s) {
-      using P = typename decltype(p)::type;
-      using S = typename decltype(s)::type;
-      Engine::template elementwise<TypeList<P, P, S, S>>(name, chunk_size, noop_flag,
-                                                         {grads, params, exp_avgs, exp_avg_sqs}, op);
-    });
-    return;
-  }
-  APEX_CHECK(state_dtype == at::kFloat && list_dtype(name, master_params, "master_params") == at::kFloat, name,
-             ": master params and optimizer states must be float32");
-  dispatch_floating(param_dtype, name, "params", [&](auto p) {
-    using P = typename decltype(p)::type;
-    Engine::template elementwise<TypeList<P, P, float, float, float>>(
-        name, chunk_size, noop_flag, {grads, params, exp_avgs, exp_avg_sqs, master_params}, op);
-  });
-}
-
-template <class Engine>
-void multi_tensor_adam_capturable(int64_t chunk_size, const at::Tensor& noop_flag, at::TensorList grads,
-                                  at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                                  const at::Tensor& lr, double beta1, double beta2, double epsilon,
-                                  const at::Tensor& step, int64_t mode, int64_t bias_correction, double weight_decay,
-                                  const at::Tensor& inv_scale) {
-  adam_capturable<Engine>("multi_tensor_adam_capturable", chunk_size, noop_flag, grads, params, exp_avgs,
-                          exp_avg_sqs, {}, lr, beta1, beta2, epsilon, step, mode, bias_correction, weight_decay,
-                          inv_scale);
-}
-
-template <class Engine>
-void multi_tensor_adam_capturable_master(int64_t chunk_size, const at::Tensor& noop_flag, at::TensorList grads,
-                                         at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                                         at::TensorList master_params, const at::Tensor& lr, double beta1,
-                                         double beta2, double epsilon, const at::Tensor& step, int64_t mode,
-                                         int64_t bias_correction, double weight_decay, const at::Tensor& inv_scale) {
-  adam_capturable<Engine>("multi_tensor_adam_capturable_master", chunk_size, noop_flag, grads, params, exp_avgs,
-                          exp_avg_sqs, master_params, lr, beta1, beta2, epsilon, step, mode, bias_correction,
-                          weight_decay, inv_scale);
-}
-
-// Registers this file's ops for the dispatch key of `m` (CPU or CUDA), run by `Engine`.
-template <class Engine>
-void register_adam_kernels(torch::Library& m) {
-  m.impl("multi_tensor_adam", &multi_tensor_adam<Engine>);
-  m.impl("multi_tensor_adam_capturable", &multi_tensor_adam_capturable<Engine>);
-  m.impl("multi_tensor_adam_capturable_master", &multi_tensor_adam_capturable_master<Engine>);
 }
 
 }  // namespace apex::multi_tensor

@@ -1,11 +1,11 @@
-// CUDA kernels of Adam/AdamW (plain, capturable, capturable with master weights) and Adagrad.
-#include <torch/library.h>
-
-#include "adagrad.h"
+// CUDA kernels of Adam/AdamW (every entry point) and BertAdam.
 #include "adam.h"
 #include "apex/multi_tensor_apply.cuh"
 
-TORCH_LIBRARY_IMPL(apex, CUDA, m) {
-  apex::multi_tensor::register_adam_kernels<apex::multi_tensor::CudaEngine>(m);
-  apex::multi_tensor::register_adagrad_kernels<apex::multi_tensor::CudaEngine>(m);
+namespace apex::multi_tensor {
+
+void adam(const Cuda& d, const TensorLists& l, int* flag, const AdamFunctor& op) {
+  run_adam<CudaEngine>(d, l, flag, op);
 }
+
+}  // namespace apex::multi_tensor

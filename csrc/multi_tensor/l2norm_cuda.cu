@@ -1,9 +1,15 @@
-// CUDA kernels of the L2-norm family.
-#include <torch/library.h>
-
+// CUDA kernels of the norm family (every reduction of amp_C goes through norm()).
 #include "apex/multi_tensor_apply.cuh"
 #include "l2norm.h"
 
-TORCH_LIBRARY_IMPL(apex, CUDA, m) {
-  apex::multi_tensor::register_l2norm_kernels<apex::multi_tensor::CudaEngine>(m);
+namespace apex::multi_tensor {
+
+void norm(const Cuda& d, const TensorLists& l, int* flag, const NormArgs& args) {
+  run_norm<CudaEngine>(d, l, flag, args);
 }
+
+int64_t reduction_scratch(const Cuda& device, int64_t count) {
+  return cuda::reduction_scratch_for<cuda::DefaultLaunchConfig>(device, count);
+}
+
+}  // namespace apex::multi_tensor

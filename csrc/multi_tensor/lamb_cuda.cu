@@ -1,11 +1,17 @@
-// CUDA kernels of LAMB (all variants) and NovoGrad.
-#include <torch/library.h>
-
-#include "apex/multi_tensor_apply.cuh"
+// CUDA kernels of LAMB: a whole step, and apex's two-stage API.
+#include "apex/multi_tensor_rows.cuh"
 #include "lamb.h"
-#include "novograd.h"
 
-TORCH_LIBRARY_IMPL(apex, CUDA, m) {
-  apex::multi_tensor::register_lamb_kernels<apex::multi_tensor::CudaEngine>(m);
-  apex::multi_tensor::register_novograd_kernels<apex::multi_tensor::CudaEngine>(m);
+namespace apex::multi_tensor {
+
+void lamb(const Cuda& d, const TensorLists& l, int* flag, const LambArgs& args, const LambBuffers& buffers) {
+  run_lamb<CudaRowEngine>(d, l, flag, args, buffers);
 }
+void lamb_stage1(const Cuda& d, const TensorLists& l, int* flag, const LambStage1Functor& op) {
+  run_lamb_stage1<CudaEngine>(d, l, flag, op);
+}
+void lamb_stage2(const Cuda& d, const TensorLists& l, int* flag, const LambStage2Functor& op) {
+  run_lamb_stage2<CudaEngine>(d, l, flag, op);
+}
+
+}  // namespace apex::multi_tensor

@@ -1,11 +1,17 @@
-// CUDA kernels of amp's multi-tensor ops: scale, axpby, and the loss-scale update.
-#include <torch/library.h>
-
+// CUDA kernels of amp's copies and unscales (multi_tensor_scale, multi_tensor_axpby) and of the
+// loss-scale update with hysteresis.
 #include "apex/multi_tensor_apply.cuh"
 #include "scale.h"
 #include "update_scale_hysteresis.h"
 
-TORCH_LIBRARY_IMPL(apex, CUDA, m) {
-  apex::multi_tensor::register_scale_kernels<apex::multi_tensor::CudaEngine>(m);
-  apex::multi_tensor::register_update_scale_kernels<apex::multi_tensor::CudaEngine>(m);
+namespace apex::multi_tensor {
+
+void scale(const Cuda& d, const TensorLists& l, int* flag, const ScaleFunctor& op) {
+  run_scale<CudaEngine>(d, l, flag, op);
 }
+void axpby(const Cuda& d, const TensorLists& l, int* flag, const AxpbyFunctor& op) {
+  run_axpby<CudaEngine>(d, l, flag, op);
+}
+void update_scale_hysteresis(const Cuda& d, const ScaleHysteresisUpdate& update) { CudaEngine::run_once(d, update); }
+
+}  // namespace apex::multi_tensor

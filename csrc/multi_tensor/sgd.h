@@ -3,34 +3,51 @@
 // receives a reduced-precision copy of the updated fp32 weights. Skipped while the flag is set.
 #pragma once
 
-#include <torch/library.h>
-
-#include "apex/multi_tensor_apply_common.h"
+#include "apex/multi_tensor_kernel.h"
 
 namespace apex::multi_tensor {
 
 // lists: [grads, weights, momentum_buffers(, weights_out)]
 struct SgdFunctor : FunctorBase<SgdFunctor> {
-  static constexpr bool kSkipIfFlagSet = true;
-  float weight_decay, momentum, dampening, lr, scale;
-  bool nesterov, first_run, weight_decay_after_momentum;
+  float weight_decay = 0.f, momentum = 0.f, dampening = 0.f, lr = 0.f, scale = 1.f;
+  bool nesterov = false, first_run = false, weight_decay_after_momentum = false;
+  bool has_copy = false;
+  // 16-bit weights and momentum: every intermediate torch.optim.SGD keeps in a tensor is rounded
+  // to their dtype where torch rounds it, so fp16 training follows torch's fp16 trajectory
+  // (NVIDIA apex's tests compare the two within 1e-3).
+  bool round_like_torch = false;
+  Dtype weight_dtype = Dtype::kFloat32;
+  // The `alpha` of each of torch's `x.add_(y, alpha=a)`: torch's CPU kernels round it to the
+  // tensor's dtype first, its CUDA kernels keep it float (see sgd_alphas).
+  float decay_alpha = 0.f, damping_alpha = 1.f, nesterov_alpha = 0.f, lr_alpha = 0.f;
 
   APEX_HD ListMask reads() const {
     return momentum != 0.f && !first_run ? lists_mask({0, 1, 2}) : lists_mask({0, 1});
   }
-  APEX_HD ListMask writes() const { return momentum != 0.f ? lists_mask({1, 2, 3}) : lists_mask({1, 3}); }
+  APEX_HD ListMask writes() const {
+    const ListMask copy = has_copy ? lists_mask({3}) : 0;
+    return copy | (momentum != 0.f ? lists_mask({1, 2}) : lists_mask({1}));
+  }
+  APEX_HD bool skip_if_flag_set() const { return true; }
 
   template <class V>
+  APEX_HD V rounded(V x) const {
+    return round_like_torch ? VecMath<V>::round_to(x, weight_dtype) : x;
+  }
+
+  // torch.optim.SGD's sequence of in-place ops (each `x.add_(y, alpha=a)` a fused multiply-add).
+  template <class V>
   APEX_HD void operator()(V& g, V& w, V& mom) const {
+    using Math = VecMath<V>;
     V grad = g * V(scale);
-    if (weight_decay != 0.f && !weight_decay_after_momentum) grad = grad + V(weight_decay) * w;
+    if (weight_decay != 0.f && !weight_decay_after_momentum) grad = rounded(Math::fma(w, V(decay_alpha), grad));
     if (momentum != 0.f) {
-      // The first step seeds the momentum buffer with the gradient itself.
-      mom = first_run ? grad : mom * V(momentum) + V(1.f - dampening) * grad;
-      grad = nesterov ? grad + V(momentum) * mom : mom;
+      // The first step seeds the momentum buffer with the gradient itself (torch.optim.SGD).
+      mom = first_run ? grad : rounded(Math::fma(grad, V(damping_alpha), rounded(mom * V(momentum))));
+      grad = nesterov ? rounded(Math::fma(mom, V(nesterov_alpha), grad)) : mom;
     }
-    if (weight_decay != 0.f && weight_decay_after_momentum) grad = grad + V(weight_decay) * w;
-    w = w - V(lr) * grad;
+    if (weight_decay != 0.f && weight_decay_after_momentum) grad = rounded(Math::fma(w, V(decay_alpha), grad));
+    w = Math::fma(grad, V(lr_alpha), w);
   }
   template <class V>
   APEX_HD void operator()(V& g, V& w, V& mom, V& w_out) const {
@@ -39,50 +56,39 @@ struct SgdFunctor : FunctorBase<SgdFunctor> {
   }
 };
 
-template <class Engine>
-void multi_tensor_sgd(int64_t chunk_size, const at::Tensor& noop_flag, at::TensorList grads, at::TensorList weights,
-                      at::TensorList momentum_buffers, at::TensorList weights_out, double weight_decay,
-                      double momentum, double dampening, double lr, bool nesterov, bool first_run,
-                      bool weight_decay_after_momentum, double scale) {
-  constexpr const char* kName = "multi_tensor_sgd";
-  SgdFunctor op;
-  op.weight_decay = static_cast<float>(weight_decay);
-  op.momentum = static_cast<float>(momentum);
-  op.dampening = static_cast<float>(dampening);
-  op.lr = static_cast<float>(lr);
-  op.scale = static_cast<float>(scale);
-  op.nesterov = nesterov;
-  op.first_run = first_run;
-  op.weight_decay_after_momentum = weight_decay_after_momentum;
-
-  const auto weight_dtype = list_dtype(kName, weights, "weights");
-  APEX_CHECK(list_dtype(kName, momentum_buffers, "momentum_buffers") == weight_dtype, kName,
-             ": momentum buffers must have the weights' dtype");
-  // apex's combinations: grads in the weights' dtype or 16-bit grads on fp32 weights, and for the
-  // 4-list form fp32 weights/momentum plus a copy in the grads' dtype (or 16-bit from fp32 grads).
-  const auto grad_dtype = list_dtype(kName, grads, "grads");
-  if (weights_out.empty()) {
-    dispatch_param_state(kName, grad_dtype, weight_dtype, [&](auto g, auto w) {
-      using G = typename decltype(g)::type;
-      using W = typename decltype(w)::type;
-      Engine::template elementwise<TypeList<G, W, W>>(kName, chunk_size, noop_flag, {grads, weights, momentum_buffers},
-                                                      op);
-    });
-    return;
-  }
-  APEX_CHECK(weight_dtype == at::kFloat, kName, ": with a weights_out list the weights must be float32");
-  dispatch_param_state(kName, list_dtype(kName, weights_out, "weights_out"), grad_dtype, [&](auto o, auto g) {
-    using O = typename decltype(o)::type;
-    using G = typename decltype(g)::type;
-    Engine::template elementwise<TypeList<G, float, float, O>>(kName, chunk_size, noop_flag,
-                                                               {grads, weights, momentum_buffers, weights_out}, op);
-  });
+// Sets op's alphas from its settings; `round` (torch's CPU kernels with 16-bit weights) rounds
+// each to the weights' dtype.
+inline void sgd_alphas(SgdFunctor& op, bool round) {
+  const auto alpha = [&](float a) { return round ? ScalarMath<float>::round_to(a, op.weight_dtype) : a; };
+  op.decay_alpha = alpha(op.weight_decay);
+  op.damping_alpha = alpha(1.f - op.dampening);
+  op.nesterov_alpha = alpha(op.momentum);
+  op.lr_alpha = alpha(-op.lr);
 }
 
-// Registers this file's ops for the dispatch key of `m` (CPU or CUDA), run by `Engine`.
-template <class Engine>
-void register_sgd_kernels(torch::Library& m) {
-  m.impl("multi_tensor_sgd", &multi_tensor_sgd<Engine>);
+void sgd(const Cpu&, const TensorLists& lists, int* flag, const SgdFunctor& op);
+void sgd(const Cuda&, const TensorLists& lists, int* flag, const SgdFunctor& op);
+
+// The lists of SGD-like steps (SGD, LARS) [grads, weights, momentum_buffers(, weights_out)] in
+// apex's combinations: grads in the weights' dtype or 16-bit grads on fp32 weights, and for the
+// 4-list form fp32 weights and momentum plus a copy in the grads' dtype (any dtype from fp32 grads).
+template <class Engine, class Device, class Op>
+void run_momentum_step(const Device& device, const TensorLists& lists, int* flag, const Op& op) {
+  dispatch_param_state(lists.dtypes[0], lists.dtypes[1], [&](auto g, auto w) {
+    using G = TypeOf<decltype(g)>;
+    using W = TypeOf<decltype(w)>;
+    if (!op.has_copy) {
+      Engine::template elementwise<TypeList<G, W, W>>(device, lists, flag, op);
+    } else if constexpr (std::is_same_v<W, float>) {
+      // The copy has the grads' dtype, or any dtype when the grads are float32.
+      dispatch_floating<false>(lists.dtypes[3], [&](auto out) {
+        using O = TypeOf<decltype(out)>;
+        if constexpr (std::is_same_v<O, G> || std::is_same_v<G, float>) {
+          Engine::template elementwise<TypeList<G, float, float, O>>(device, lists, flag, op);
+        }
+      });
+    }
+  });
 }
 
 }  // namespace apex::multi_tensor

@@ -1,9 +1,11 @@
-// CUDA kernels of multi_tensor_sgd.
-#include <torch/library.h>
-
+// CUDA kernels of SGD.
 #include "apex/multi_tensor_apply.cuh"
 #include "sgd.h"
 
-TORCH_LIBRARY_IMPL(apex, CUDA, m) {
-  apex::multi_tensor::register_sgd_kernels<apex::multi_tensor::CudaEngine>(m);
+namespace apex::multi_tensor {
+
+void sgd(const Cuda& d, const TensorLists& l, int* flag, const SgdFunctor& op) {
+  run_momentum_step<CudaEngine>(d, l, flag, op);
 }
+
+}  // namespace apex::multi_tensor

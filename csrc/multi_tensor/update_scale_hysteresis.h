@@ -3,9 +3,7 @@
 // growth_factor after growth_interval clean steps. All state is on the device, one element each.
 #pragma once
 
-#include <torch/library.h>
-
-#include "apex/multi_tensor_apply_common.h"
+#include "apex/multi_tensor_kernel.h"
 
 namespace apex::multi_tensor {
 
@@ -43,27 +41,7 @@ struct ScaleHysteresisUpdate {
   }
 };
 
-template <class Engine>
-void amp_update_scale_hysteresis(const at::Tensor& current_scale, const at::Tensor& growth_tracker,
-                                 const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
-                                 double growth_factor, double backoff_factor, int64_t growth_interval,
-                                 int64_t hysteresis) {
-  constexpr const char* kName = "update_scale_hysteresis";
-  check_scalar_tensor(kName, current_scale, current_scale, "current_scale", {at::kFloat});
-  check_scalar_tensor(kName, growth_tracker, current_scale, "growth_tracker", {at::kInt});
-  check_scalar_tensor(kName, hysteresis_tracker, current_scale, "hysteresis_tracker", {at::kInt});
-  check_scalar_tensor(kName, found_inf, current_scale, "found_inf", {at::kFloat});
-  APEX_CHECK(growth_interval > 0, kName, ": growth_interval must be positive, got ", growth_interval);
-  ScaleHysteresisUpdate update{current_scale.data_ptr<float>(), growth_tracker.data_ptr<int>(),
-                               hysteresis_tracker.data_ptr<int>(), found_inf.data_ptr<float>(), growth_factor,
-                               backoff_factor, static_cast<int>(growth_interval), static_cast<int>(hysteresis)};
-  Engine::run_once(current_scale, update);
-}
-
-// Registers this file's ops for the dispatch key of `m` (CPU or CUDA), run by `Engine`.
-template <class Engine>
-void register_update_scale_kernels(torch::Library& m) {
-  m.impl("amp_update_scale_hysteresis", &amp_update_scale_hysteresis<Engine>);
-}
+void update_scale_hysteresis(const Cpu&, const ScaleHysteresisUpdate& update);
+void update_scale_hysteresis(const Cuda&, const ScaleHysteresisUpdate& update);
 
 }  // namespace apex::multi_tensor

@@ -1,6 +1,5 @@
 // syncbn CUDA element-wise kernels: normalize (+ residual, + relu), the fused
-// relu's backward mask and the input gradient; and the CUDA registration of
-// every syncbn op.
+// relu's backward mask and the input gradient.
 //
 // An op is written once, per channel: `channel(c)` gathers what channel c needs
 // (statistics, affine parameters, gradient sums) into registers, and
@@ -9,15 +8,11 @@
 //   NCHW: planes (one channel each) are lines; threads of a block split a line.
 //   Channels-last: each thread owns VEC consecutive channels for all its rows, so
 //     it gathers their constants once and a warp reads contiguous runs of a row.
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <torch/library.h>
-
 #include <array>
 
-#include "cuda_utils.cuh"
+#include "syncbn_cuda.cuh"
 
-namespace apex_syncbn {
+namespace apex::syncbn {
 namespace {
 
 constexpr int kThreads = 256;
@@ -136,7 +131,7 @@ template <int VEC, typename Op, typename scalar_t, int N, typename ChannelOf>
 __device__ __forceinline__ void store_result(const Op& op, const ChannelOf& channel_of,
                                              const LoadedOperands<scalar_t, N, VEC>& loaded, scalar_t* out,
                                              int64_t offset) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   AlignedVector<scalar_t, VEC> result;
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
@@ -206,107 +201,90 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int VEC, typename scalar_t, typename Op>
-void launch_nchw(const Op& op, const Operands<scalar_t, Op::kOperands>& operands, scalar_t* out, Layout layout) {
+void launch_nchw(const Op& op, const Operands<scalar_t, Op::kOperands>& operands, scalar_t* out, Layout layout,
+                 const Cuda& device) {
   const int columns = std::min(kThreads, next_power_of_two(ceil_div(layout.inner, VEC)));
   const int64_t planes = layout.outer * layout.channels;
-  const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * kBlocksPerSMCap;
+  const int64_t max_blocks = int64_t(cuda::sm_count(device.device)) * kBlocksPerSMCap;
   const int64_t blocks_x = std::min(ceil_div(layout.inner, int64_t(columns) * VEC), max_blocks);
   const int64_t blocks_y = std::clamp<int64_t>(max_blocks / blocks_x, 1, ceil_div(planes, kThreads / columns));
   const dim3 grid(blocks_x, std::min<int64_t>(blocks_y, 65535));
-  nchw_elementwise_kernel<VEC><<<grid, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(op, operands, out, layout,
-                                                                                         columns);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  nchw_elementwise_kernel<VEC><<<grid, kThreads, 0, cuda::stream(device)>>>(op, operands, out, layout, columns);
 }
 
 template <int VEC, typename scalar_t, typename Op>
-void launch_c_last(const Op& op, const Operands<scalar_t, Op::kOperands>& operands, scalar_t* out, Layout layout) {
+void launch_c_last(const Op& op, const Operands<scalar_t, Op::kOperands>& operands, scalar_t* out, Layout layout,
+                   const Cuda& device) {
   const auto kernel = c_last_elementwise_kernel<VEC, scalar_t, Op>;
   const int columns = std::min(kThreads, next_power_of_two(ceil_div(layout.channels, VEC)));
   const int rows = kThreads / columns;
   const int64_t blocks_x = ceil_div(layout.channels, int64_t(columns) * VEC);
   // One wave: each thread's per-channel setup is amortised over many rows.
-  const int64_t blocks_y = std::clamp<int64_t>(one_wave_blocks(kernel, kThreads) / blocks_x, 1,
+  const int64_t blocks_y = std::clamp<int64_t>(one_wave_blocks(kernel, kThreads, device) / blocks_x, 1,
                                                std::min<int64_t>(ceil_div(layout.outer, rows), 65535));
-  kernel<<<dim3(blocks_x, blocks_y), dim3(columns, rows), 0, at::cuda::getCurrentCUDAStream()>>>(op, operands, out,
-                                                                                                 layout);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  kernel<<<dim3(blocks_x, blocks_y), dim3(columns, rows), 0, cuda::stream(device)>>>(op, operands, out, layout);
 }
 
-// out = op(inputs...) element-wise; undefined inputs are absent optional operands.
+// out = op(inputs...) element-wise; null inputs are absent optional operands.
 template <typename scalar_t, typename Op>
-void launch_channel_elementwise(const Op& op, const std::array<Tensor, Op::kOperands>& inputs, Tensor& out,
-                                Layout layout) {
+void launch_channel_elementwise(const Op& op, const std::array<const void*, Op::kOperands>& inputs, void* out,
+                                Layout layout, const Cuda& device, const char* name) {
   constexpr int VEC = vector_width<scalar_t>();
   Operands<scalar_t, Op::kOperands> operands;
   bool aligned = aligned_or_absent(out);
   for (int i = 0; i < Op::kOperands; ++i) {
-    operands.data[i] = inputs[i].defined() ? inputs[i].template const_data_ptr<scalar_t>() : nullptr;
+    operands.data[i] = static_cast<const scalar_t*>(inputs[i]);
     aligned = aligned && aligned_or_absent(inputs[i]);
   }
-  scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+  scalar_t* out_ptr = static_cast<scalar_t*>(out);
   if (layout.channels_last()) {
     if (aligned && layout.channels % VEC == 0) {
-      launch_c_last<VEC>(op, operands, out_ptr, layout);
+      launch_c_last<VEC>(op, operands, out_ptr, layout, device);
     } else {
-      launch_c_last<1>(op, operands, out_ptr, layout);
+      launch_c_last<1>(op, operands, out_ptr, layout, device);
     }
   } else if (aligned && layout.inner % VEC == 0) {
-    launch_nchw<VEC>(op, operands, out_ptr, layout);
+    launch_nchw<VEC>(op, operands, out_ptr, layout, device);
   } else {
-    launch_nchw<1>(op, operands, out_ptr, layout);
+    launch_nchw<1>(op, operands, out_ptr, layout, device);
   }
+  cuda::check_launch(name);
 }
 
 template <typename acc_t>
-const acc_t* data_or_null(const Tensor& t) {
-  return t.defined() ? t.const_data_ptr<acc_t>() : nullptr;
-}
-
-template <typename acc_t>
-AffineParams<acc_t> affine_params(const NormalizeArgs& args) {
-  return {args.mean.const_data_ptr<acc_t>(), args.inv_std.const_data_ptr<acc_t>(), data_or_null<acc_t>(args.weight),
-          data_or_null<acc_t>(args.shift)};
+AffineParams<acc_t> affine_params(const NormalizeArgs& a) {
+  return {static_cast<const acc_t*>(a.mean), static_cast<const acc_t*>(a.inv_std), static_cast<const acc_t*>(a.weight),
+          static_cast<const acc_t*>(a.shift)};
 }
 
 }  // namespace
 
-void CudaKernels::batchnorm_forward(const Tensor& input, const NormalizeArgs& args, bool fuse_relu, Layout layout,
-                                    Tensor& out) {
-  const c10::cuda::CUDAGuard guard(input.device());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_batchnorm_forward_cuda", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const NormalizeOp<acc_t> op{affine_params<acc_t>(args), fuse_relu};
-    launch_channel_elementwise<scalar_t>(op, {input, args.z}, out, layout);
+void batchnorm_forward(const Cuda& device, const NormalizeArgs& a) {
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const NormalizeOp<acc_type<T>> op{affine_params<acc_type<T>>(a), a.fuse_relu};
+    launch_channel_elementwise<T>(op, {a.input, a.z}, a.out, a.layout, device, "syncbn_batchnorm_forward");
   });
 }
 
-void CudaKernels::relu_backward(const Tensor& grad_output, const Tensor& input, const NormalizeArgs& args,
-                                Layout layout, Tensor& out) {
-  const c10::cuda::CUDAGuard guard(input.device());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_relu_bw_c_last_cuda", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const ReluMaskOp<acc_t> op{affine_params<acc_t>(args)};
-    launch_channel_elementwise<scalar_t>(op, {grad_output, input, args.z}, out, layout);
+void relu_backward(const Cuda& device, const NormalizeArgs& a) {
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const ReluMaskOp<acc_type<T>> op{affine_params<acc_type<T>>(a)};
+    launch_channel_elementwise<T>(op, {a.grad_output, a.input, a.z}, a.out, a.layout, device, "syncbn_relu_bw_c_last");
   });
 }
 
-void CudaKernels::batchnorm_backward(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
-                                     const Tensor& inv_std, const Tensor& weight, const Tensor& sum_dy,
-                                     const Tensor& sum_dy_xmu, const Tensor& count, Layout layout,
-                                     Tensor& grad_input) {
-  const c10::cuda::CUDAGuard guard(input.device());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_batchnorm_backward_cuda", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const InputGradOp<acc_t> op{mean.const_data_ptr<acc_t>(),   inv_std.const_data_ptr<acc_t>(),
-                                data_or_null<acc_t>(weight),    sum_dy.const_data_ptr<acc_t>(),
-                                sum_dy_xmu.const_data_ptr<acc_t>(), count.const_data_ptr<int64_t>(),
-                                count.numel(),                  acc_t(0)};
-    launch_channel_elementwise<scalar_t>(op, {grad_output, input}, grad_input, layout);
+void batchnorm_backward(const Cuda& device, const InputGradArgs& a) {
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_type<T>;
+    const InputGradOp<A> op{static_cast<const A*>(a.mean),   static_cast<const A*>(a.inv_std),
+                            static_cast<const A*>(a.weight), static_cast<const A*>(a.sum_dy),
+                            static_cast<const A*>(a.sum_dy_xmu), a.count, a.world, A(0)};
+    launch_channel_elementwise<T>(op, {a.grad_output, a.input}, a.grad_input, a.layout, device,
+                                  "syncbn_batchnorm_backward");
   });
 }
 
-}  // namespace apex_syncbn
-
-TORCH_LIBRARY_IMPL(apex, CUDA, m) {
-  APEX_SYNCBN_REGISTER_KERNELS(m, ::apex_syncbn::CudaKernels);
-}
+}  // namespace apex::syncbn

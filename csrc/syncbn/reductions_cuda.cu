@@ -6,13 +6,10 @@
 // into partial states (16-byte loads, thread-local folding, a block merge), then
 // one block per channel merges the slices in a fixed order. No atomics, so the
 // result is the same on every run.
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-
-#include "cuda_utils.cuh"
+#include "syncbn_cuda.cuh"
 #include "welford.h"
 
-namespace apex_syncbn {
+namespace apex::syncbn {
 namespace {
 
 constexpr int kThreads = 256;
@@ -27,10 +24,10 @@ constexpr int64_t kMaxGridY = 65535;
 //     channels<VEC>(first_channel): the per-channel constants the thread keeps in registers;
 //     load_row<VEC>(offset): the thread's share of one row (issued early, see kRowsInFlight);
 //     fold_row<VEC>(states, channels, row, rows_seen): folds that row into the VEC states.
-template <typename scalar_t, typename acc_t>
+template <typename T, typename acc_t>
 struct WelfordFold {
   using State = WelfordState<acc_t>;
-  const scalar_t* x;
+  const T* x;
 
   // VEC consecutive elements of one channel: their own mean and m2, then one merge
   // (one division per VEC elements instead of one per element). Deviations from the
@@ -56,7 +53,7 @@ struct WelfordFold {
   template <int VEC>
   struct Channels {};
   template <int VEC>
-  using Row = AlignedVector<scalar_t, VEC>;
+  using Row = AlignedVector<T, VEC>;
 
   template <int VEC>
   __device__ Channels<VEC> channels(int64_t) const {
@@ -79,11 +76,11 @@ struct WelfordFold {
   __device__ static void set_row_count(State& state, int64_t rows) { state.count = rows; }
 };
 
-template <typename scalar_t, typename acc_t>
+template <typename T, typename acc_t>
 struct GradFold {
   using State = GradSums<acc_t>;
-  const scalar_t* x;
-  const scalar_t* dy;
+  const T* x;
+  const T* dy;
   const acc_t* mean;
 
   template <int VEC>
@@ -105,7 +102,7 @@ struct GradFold {
   };
   template <int VEC>
   struct Row {
-    AlignedVector<scalar_t, VEC> x, dy;
+    AlignedVector<T, VEC> x, dy;
   };
 
   template <int VEC>
@@ -220,68 +217,63 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Per-slice partial states of every channel ([slices][channels]), in a byte tensor.
+// Per-slice partial states of every channel ([slices][channels]), in the op function's scratch.
+template <typename State>
 struct Partials {
-  Tensor storage;
+  State* states;
   int64_t slices;
 
-  template <typename State>
-  static Partials allocate(const Tensor& input, int64_t slices, int64_t channels) {
-    return {at::empty({slices * channels * int64_t(sizeof(State))}, input.options().dtype(at::kByte)), slices};
-  }
-  template <typename State>
-  State* states() const {
-    return reinterpret_cast<State*>(storage.mutable_data_ptr());
+  static Partials allocate(const Scratch& scratch, int64_t slices, int64_t channels) {
+    return {static_cast<State*>(scratch(size_t(slices) * size_t(channels) * sizeof(State))), slices};
   }
 };
 
 template <int VEC, typename Fold>
-Partials reduce_nchw(const Fold& fold, const Tensor& input, Layout layout) {
+Partials<typename Fold::State> reduce_nchw(const Fold& fold, Layout layout, const Cuda& device,
+                                           const Scratch& scratch) {
   using State = typename Fold::State;
   const int columns = std::min(kThreads, next_power_of_two(ceil_div(layout.inner, VEC)));
   const int rows = kThreads / columns;
-  const int64_t slices = std::clamp<int64_t>(ceil_div(target_blocks(), layout.channels), 1,
+  const int64_t slices = std::clamp<int64_t>(ceil_div(target_blocks(device), layout.channels), 1,
                                              ceil_div(layout.outer, rows));
-  auto partials = Partials::allocate<State>(input, slices, layout.channels);
+  const auto partials = Partials<State>::allocate(scratch, slices, layout.channels);
   const dim3 grid(slices, std::min(layout.channels, kMaxGridY));
-  reduce_nchw_kernel<VEC><<<grid, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(fold, layout, columns,
-                                                                                  partials.template states<State>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  reduce_nchw_kernel<VEC><<<grid, kThreads, 0, cuda::stream(device)>>>(fold, layout, columns, partials.states);
   return partials;
 }
 
 template <int VEC, typename Fold>
-Partials reduce_c_last(const Fold& fold, const Tensor& input, Layout layout) {
+Partials<typename Fold::State> reduce_c_last(const Fold& fold, Layout layout, const Cuda& device,
+                                             const Scratch& scratch) {
   using State = typename Fold::State;
   const auto kernel = reduce_c_last_kernel<VEC, Fold>;
   const int64_t channel_groups = ceil_div(layout.channels, int64_t(kColumns) * VEC);
   // One wave: every thread then folds many rows between its setup and its block merge.
-  const int64_t slices = std::clamp<int64_t>(one_wave_blocks(kernel, kThreads) / channel_groups, 1,
+  const int64_t slices = std::clamp<int64_t>(one_wave_blocks(kernel, kThreads, device) / channel_groups, 1,
                                              std::min(kMaxGridY, ceil_div(layout.outer, kRows)));
-  auto partials = Partials::allocate<State>(input, slices, layout.channels);
-  kernel<<<dim3(channel_groups, slices), dim3(kColumns, kRows), 0, at::cuda::getCurrentCUDAStream()>>>(
-      fold, layout, partials.template states<State>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto partials = Partials<State>::allocate(scratch, slices, layout.channels);
+  kernel<<<dim3(channel_groups, slices), dim3(kColumns, kRows), 0, cuda::stream(device)>>>(fold, layout,
+                                                                                          partials.states);
   return partials;
 }
 
-// Reduces every channel of `input` with `fold`, then hands each channel's state to `finish`.
-template <typename scalar_t, typename Fold, typename Finish>
-void reduce_channels(const Fold& fold, const Tensor& input, bool vector_aligned, Layout layout,
-                     const Finish& finish) {
+// Reduces every channel with `fold`, then hands each channel's state to `finish`.
+template <typename T, typename Fold, typename Finish>
+void reduce_channels(const Fold& fold, bool vector_aligned, Layout layout, const Finish& finish, const Cuda& device,
+                     const Scratch& scratch, const char* op) {
   using State = typename Fold::State;
-  constexpr int VEC = vector_width<scalar_t>();
-  Partials partials;
+  constexpr int VEC = vector_width<T>();
+  Partials<State> partials;
   if (!layout.channels_last()) {
-    partials = vector_aligned && layout.inner % VEC == 0 ? reduce_nchw<VEC>(fold, input, layout)
-                                                         : reduce_nchw<1>(fold, input, layout);
+    partials = vector_aligned && layout.inner % VEC == 0 ? reduce_nchw<VEC>(fold, layout, device, scratch)
+                                                         : reduce_nchw<1>(fold, layout, device, scratch);
   } else {
-    partials = vector_aligned && layout.channels % VEC == 0 ? reduce_c_last<VEC>(fold, input, layout)
-                                                            : reduce_c_last<1>(fold, input, layout);
+    partials = vector_aligned && layout.channels % VEC == 0 ? reduce_c_last<VEC>(fold, layout, device, scratch)
+                                                            : reduce_c_last<1>(fold, layout, device, scratch);
   }
-  finish_kernel<<<std::min(layout.channels, kMaxGridY), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      partials.template states<State>(), partials.slices, layout.channels, finish);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  finish_kernel<<<std::min(layout.channels, kMaxGridY), kThreads, 0, cuda::stream(device)>>>(
+      partials.states, partials.slices, layout.channels, finish);
+  cuda::check_launch(op);
 }
 
 template <typename acc_t>
@@ -302,43 +294,43 @@ __global__ void welford_parallel_kernel(const acc_t* mean, const acc_t* var_bias
 
 }  // namespace
 
-void CudaKernels::welford_mean_var(const Tensor& input, Layout layout, Tensor& mean, Tensor& var_biased) {
-  const c10::cuda::CUDAGuard guard(input.device());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_welford_mean_var_cuda", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    reduce_channels<scalar_t>(WelfordFold<scalar_t, acc_t>{input.const_data_ptr<scalar_t>()}, input,
-                              aligned_or_absent(input), layout,
-                              WriteChannelResults<acc_t>{mean.mutable_data_ptr<acc_t>(),
-                                                         var_biased.mutable_data_ptr<acc_t>()});
+void welford_mean_var(const Cuda& device, const StatisticsArgs& a, const Scratch& scratch) {
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_type<T>;
+    reduce_channels<T>(WelfordFold<T, A>{static_cast<const T*>(a.input)}, aligned_or_absent(a.input), a.layout,
+                       WriteChannelResults<A>{static_cast<A*>(a.mean), static_cast<A*>(a.var_biased)}, device, scratch,
+                       "syncbn_welford_mean_var");
   });
 }
 
-void CudaKernels::reduce_bn(const Tensor& grad_output, const Tensor& input, const Tensor& mean, Layout layout,
-                            Tensor& sum_dy, Tensor& sum_dy_xmu) {
-  const c10::cuda::CUDAGuard guard(input.device());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_reduce_bn_cuda", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const GradFold<scalar_t, acc_t> fold{input.const_data_ptr<scalar_t>(), grad_output.const_data_ptr<scalar_t>(),
-                                         mean.const_data_ptr<acc_t>()};
-    reduce_channels<scalar_t>(fold, input, aligned_or_absent(input) && aligned_or_absent(grad_output), layout,
-                              WriteChannelResults<acc_t>{sum_dy.mutable_data_ptr<acc_t>(),
-                                                         sum_dy_xmu.mutable_data_ptr<acc_t>()});
+void reduce_bn(const Cuda& device, const GradSumsArgs& a, const Scratch& scratch) {
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_type<T>;
+    const GradFold<T, A> fold{static_cast<const T*>(a.input), static_cast<const T*>(a.grad_output),
+                              static_cast<const A*>(a.mean)};
+    reduce_channels<T>(fold, aligned_or_absent(a.input) && aligned_or_absent(a.grad_output), a.layout,
+                       WriteChannelResults<A>{static_cast<A*>(a.sum_dy), static_cast<A*>(a.sum_dy_xmu)}, device,
+                       scratch, "syncbn_reduce_bn");
   });
 }
 
-void CudaKernels::welford_parallel(const Tensor& mean, const Tensor& var_biased, const Tensor& count, double eps,
-                                   Tensor& out_mean, Tensor& out_var, Tensor& inv_std) {
-  const c10::cuda::CUDAGuard guard(mean.device());
-  const int64_t channels = mean.size(1);
+void welford_parallel(const Cuda& device, const MergeArgs& a) {
   constexpr int threads = 128;
-  const int64_t blocks = std::min<int64_t>(ceil_div(channels, threads), target_blocks());
-  AT_DISPATCH_FLOATING_TYPES(mean.scalar_type(), "syncbn_welford_parallel_cuda", [&] {
-    welford_parallel_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        mean.const_data_ptr<scalar_t>(), var_biased.const_data_ptr<scalar_t>(), count.const_data_ptr<int64_t>(),
-        mean.size(0), channels, scalar_t(eps), out_mean.mutable_data_ptr<scalar_t>(),
-        out_var.mutable_data_ptr<scalar_t>(), inv_std.mutable_data_ptr<scalar_t>());
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t blocks = std::min<int64_t>(ceil_div(a.channels, threads), target_blocks(device));
+  const auto merge = [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    welford_parallel_kernel<<<blocks, threads, 0, cuda::stream(device)>>>(
+        static_cast<const A*>(a.mean), static_cast<const A*>(a.var_biased), a.count, a.world, a.channels, A(a.eps),
+        static_cast<A*>(a.out_mean), static_cast<A*>(a.out_var), static_cast<A*>(a.inv_std));
+  };
+  if (a.dtype == Dtype::kFloat64) {
+    merge(Type<double>{});
+  } else {
+    merge(Type<float>{});
+  }
+  cuda::check_launch("syncbn_welford_parallel");
 }
 
-}  // namespace apex_syncbn
+}  // namespace apex::syncbn

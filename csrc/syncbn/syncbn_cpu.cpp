@@ -1,26 +1,22 @@
-// syncbn CPU kernels: at::parallel_for over channels (NCHW) or over fixed row
-// chunks (channels-last), with contiguous inner loops the compiler vectorizes.
-// Row chunks do not depend on the thread count, so results are reproducible.
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
+// syncbn CPU kernels: at::parallel_for over channels (NCHW) or over fixed row chunks (channels-last),
+// with contiguous inner loops the compiler vectorizes. Row chunks do not depend on the thread count,
+// so results are reproducible.
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
-#include "syncbn_ops.h"
+#include "apex/check.h"
+#include "apex/acc_type.h"
+#include "syncbn.h"
 #include "welford.h"
 
-namespace apex_syncbn {
+namespace apex::syncbn {
 namespace {
 
 // Enough rows per channels-last chunk to amortise its per-chunk partials.
 constexpr int64_t kElementsPerChunk = 1 << 16;
-
-template <typename T>
-const T* data_or_null(const Tensor& t) {
-  return t.defined() ? t.const_data_ptr<T>() : nullptr;
-}
 
 // Reduces each channel of an (outer, C, inner) tensor to one State.
 // NCHW: one task per channel folds its `inner`-long segments with fold_segment(state, offset).
@@ -62,32 +58,53 @@ void for_each_segment(Layout layout, const Body& body) {
   });
 }
 
-template <typename acc_t>
-std::vector<acc_t> to_vector(const Tensor& t, acc_t missing, int64_t size) {
-  if (!t.defined()) return std::vector<acc_t>(size, missing);
-  const acc_t* p = t.const_data_ptr<acc_t>();
-  return std::vector<acc_t>(p, p + size);
+// A per-channel vector, or `missing` for every channel when absent.
+template <typename A>
+std::vector<A> to_vector(const void* p, A missing, int64_t size) {
+  if (!p) return std::vector<A>(size, missing);
+  const A* values = static_cast<const A*>(p);
+  return std::vector<A>(values, values + size);
+}
+
+// y = (x - mean) * scale + shift [+ z], before any relu: what the forward and the relu mask share.
+template <typename T, typename Body>
+void for_each_normalized(const NormalizeArgs& a, const Body& body) {
+  using A = acc_type<T>;
+  const int64_t C = a.layout.channels;
+  const auto mu = to_vector<A>(a.mean, 0, C), sigma_inv = to_vector<A>(a.inv_std, 0, C);
+  const auto w = to_vector<A>(a.weight, 1, C), b = to_vector<A>(a.shift, 0, C);
+  const T* x = static_cast<const T*>(a.input);
+  const T* residual = static_cast<const T*>(a.z);
+  for_each_segment(a.layout, [&](int64_t c, int64_t offset) {
+    const A scale = sigma_inv[c] * w[c];
+    for (int64_t i = offset; i < offset + a.layout.inner; ++i) {
+      A v = (A(x[i]) - mu[c]) * scale + b[c];
+      if (residual) v += A(residual[i]);
+      body(i, v);
+    }
+  });
 }
 
 }  // namespace
 
-void CpuKernels::welford_mean_var(const Tensor& input, Layout layout, Tensor& mean, Tensor& var_biased) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_welford_mean_var_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    using State = WelfordState<acc_t>;
-    const scalar_t* x = input.const_data_ptr<scalar_t>();
-    const int64_t inner = layout.inner, channels = layout.channels;
-    // A segment's own mean and m2 (two passes over deviations from its first element,
-    // which stay accurate when |mean| >> std), then one merge.
+void welford_mean_var(const Cpu&, const StatisticsArgs& a) {
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_type<T>;
+    using State = WelfordState<A>;
+    const T* x = static_cast<const T*>(a.input);
+    const int64_t inner = a.layout.inner, channels = a.layout.channels;
+    // A segment's own mean and m2 (two passes over deviations from its first element, which stay
+    // accurate when |mean| >> std), then one merge.
     auto fold_segment = [&](State& state, int64_t offset) {
-      const scalar_t* seg = x + offset;
-      const acc_t pivot = acc_t(seg[0]);
-      acc_t sum = 0;
-      for (int64_t i = 0; i < inner; ++i) sum += acc_t(seg[i]) - pivot;
-      const acc_t shifted_mean = sum / acc_t(inner);
-      acc_t m2 = 0;
+      const T* seg = x + offset;
+      const A pivot = A(seg[0]);
+      A sum = 0;
+      for (int64_t i = 0; i < inner; ++i) sum += A(seg[i]) - pivot;
+      const A shifted_mean = sum / A(inner);
+      A m2 = 0;
       for (int64_t i = 0; i < inner; ++i) {
-        const acc_t d = acc_t(seg[i]) - pivot - shifted_mean;
+        const A d = A(seg[i]) - pivot - shifted_mean;
         m2 += d * d;
       }
       state.merge({pivot + shifted_mean, m2, inner});
@@ -95,131 +112,115 @@ void CpuKernels::welford_mean_var(const Tensor& input, Layout layout, Tensor& me
     // Every channel of a row gains one value, so all channels share the count.
     auto fold_rows = [&](State* states, int64_t first, int64_t last) {
       for (int64_t r = first; r < last; ++r) {
-        const acc_t inv_count = acc_t(1) / acc_t(r - first + 1);
-        const scalar_t* row = x + r * channels;
-        for (int64_t c = 0; c < channels; ++c) states[c].push(acc_t(row[c]), inv_count);
+        const A inv_count = A(1) / A(r - first + 1);
+        const T* row = x + r * channels;
+        for (int64_t c = 0; c < channels; ++c) states[c].push(A(row[c]), inv_count);
       }
       for (int64_t c = 0; c < channels; ++c) states[c].count = last - first;
     };
-    const auto stats = reduce_channels<State>(layout, fold_segment, fold_rows);
-    const WriteChannelResults<acc_t> write{mean.mutable_data_ptr<acc_t>(), var_biased.mutable_data_ptr<acc_t>()};
+    const auto stats = reduce_channels<State>(a.layout, fold_segment, fold_rows);
+    const WriteChannelResults<A> write{static_cast<A*>(a.mean), static_cast<A*>(a.var_biased)};
     for (int64_t c = 0; c < channels; ++c) write(c, stats[c]);
   });
 }
 
-void CpuKernels::welford_parallel(const Tensor& mean, const Tensor& var_biased, const Tensor& count, double eps,
-                                  Tensor& out_mean, Tensor& out_var, Tensor& inv_std) {
-  AT_DISPATCH_FLOATING_TYPES(mean.scalar_type(), "syncbn_welford_parallel_cpu", [&] {
-    const int64_t world = mean.size(0), channels = mean.size(1);
-    const scalar_t* means = mean.const_data_ptr<scalar_t>();
-    const scalar_t* vars = var_biased.const_data_ptr<scalar_t>();
-    const int64_t* counts = count.const_data_ptr<int64_t>();
-    at::parallel_for(0, channels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        auto state = WelfordState<scalar_t>::empty();
-        for (int64_t r = 0; r < world; ++r) {
-          const int64_t i = r * channels + c;
-          state.merge({means[i], vars[i] * scalar_t(counts[r]), counts[r]});
-        }
-        out_mean.mutable_data_ptr<scalar_t>()[c] = state.mean;
-        out_var.mutable_data_ptr<scalar_t>()[c] = state.m2 / scalar_t(state.count - 1);
-        inv_std.mutable_data_ptr<scalar_t>()[c] = scalar_t(1) / std::sqrt(state.biased_var() + scalar_t(eps));
-      }
-    });
-  });
-}
-
-void CpuKernels::batchnorm_forward(const Tensor& input, const NormalizeArgs& args, bool fuse_relu, Layout layout,
-                                   Tensor& out) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_batchnorm_forward_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const int64_t C = layout.channels;
-    const auto mu = to_vector<acc_t>(args.mean, 0, C), sigma_inv = to_vector<acc_t>(args.inv_std, 0, C);
-    const auto w = to_vector<acc_t>(args.weight, 1, C), b = to_vector<acc_t>(args.shift, 0, C);
-    const scalar_t* x = input.const_data_ptr<scalar_t>();
-    const scalar_t* residual = data_or_null<scalar_t>(args.z);
-    scalar_t* y = out.mutable_data_ptr<scalar_t>();
-    for_each_segment(layout, [&](int64_t c, int64_t offset) {
-      const acc_t scale = sigma_inv[c] * w[c];
-      for (int64_t i = offset; i < offset + layout.inner; ++i) {
-        acc_t v = (acc_t(x[i]) - mu[c]) * scale + b[c];
-        if (residual) v += acc_t(residual[i]);
-        y[i] = scalar_t(fuse_relu && v < acc_t(0) ? acc_t(0) : v);
-      }
-    });
-  });
-}
-
-void CpuKernels::relu_backward(const Tensor& grad_output, const Tensor& input, const NormalizeArgs& args,
-                               Layout layout, Tensor& out) {
-  // The forward output is recomputed rather than stored: it costs a read of x (and z)
-  // instead of keeping a whole activation alive for backward.
-  Tensor forward_output = at::empty_like(input);
-  batchnorm_forward(input, args, /*fuse_relu=*/false, layout, forward_output);
-  at::where_out(out, forward_output > 0, grad_output, at::zeros({}, grad_output.options()));
-}
-
-void CpuKernels::reduce_bn(const Tensor& grad_output, const Tensor& input, const Tensor& mean, Layout layout,
-                           Tensor& sum_dy, Tensor& sum_dy_xmu) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_reduce_bn_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    using State = GradSums<acc_t>;
-    const scalar_t* x = input.const_data_ptr<scalar_t>();
-    const scalar_t* dy = grad_output.const_data_ptr<scalar_t>();
-    const acc_t* mu = mean.const_data_ptr<acc_t>();
-    const int64_t inner = layout.inner, channels = layout.channels;
+void reduce_bn(const Cpu&, const GradSumsArgs& a) {
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_type<T>;
+    using State = GradSums<A>;
+    const T* x = static_cast<const T*>(a.input);
+    const T* dy = static_cast<const T*>(a.grad_output);
+    const A* mu = static_cast<const A*>(a.mean);
+    const int64_t inner = a.layout.inner, channels = a.layout.channels;
     auto fold_segment = [&](State& state, int64_t offset) {
       const int64_t c = (offset / inner) % channels;
-      acc_t s_dy = 0, s_dy_xmu = 0;
+      A s_dy = 0, s_dy_xmu = 0;
       for (int64_t i = offset; i < offset + inner; ++i) {
-        s_dy += acc_t(dy[i]);
-        s_dy_xmu += acc_t(dy[i]) * (acc_t(x[i]) - mu[c]);
+        s_dy += A(dy[i]);
+        s_dy_xmu += A(dy[i]) * (A(x[i]) - mu[c]);
       }
       state.merge({s_dy, s_dy_xmu});
     };
     auto fold_rows = [&](State* states, int64_t first, int64_t last) {
       for (int64_t r = first; r < last; ++r) {
         for (int64_t c = 0, i = r * channels; c < channels; ++c, ++i) {
-          states[c].sum_dy += acc_t(dy[i]);
-          states[c].sum_dy_xmu += acc_t(dy[i]) * (acc_t(x[i]) - mu[c]);
+          states[c].sum_dy += A(dy[i]);
+          states[c].sum_dy_xmu += A(dy[i]) * (A(x[i]) - mu[c]);
         }
       }
     };
-    const auto sums = reduce_channels<State>(layout, fold_segment, fold_rows);
-    const WriteChannelResults<acc_t> write{sum_dy.mutable_data_ptr<acc_t>(), sum_dy_xmu.mutable_data_ptr<acc_t>()};
+    const auto sums = reduce_channels<State>(a.layout, fold_segment, fold_rows);
+    const WriteChannelResults<A> write{static_cast<A*>(a.sum_dy), static_cast<A*>(a.sum_dy_xmu)};
     for (int64_t c = 0; c < channels; ++c) write(c, sums[c]);
   });
 }
 
-void CpuKernels::batchnorm_backward(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
-                                    const Tensor& inv_std, const Tensor& weight, const Tensor& sum_dy,
-                                    const Tensor& sum_dy_xmu, const Tensor& count, Layout layout,
-                                    Tensor& grad_input) {
-  const int64_t total = count.sum().item<int64_t>();
-  APEX_CHECK(total > 0, "syncbn.batchnorm_backward: count must sum to a positive number of elements, got ", total);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "syncbn_batchnorm_backward_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const int64_t C = layout.channels;
-    const auto mu = to_vector<acc_t>(mean, 0, C), sigma_inv = to_vector<acc_t>(inv_std, 0, C);
-    const auto w = to_vector<acc_t>(weight, 1, C);
-    const auto s_dy = to_vector<acc_t>(sum_dy, 0, C), s_dy_xmu = to_vector<acc_t>(sum_dy_xmu, 0, C);
-    const acc_t inv_total = acc_t(1) / acc_t(total);
-    const scalar_t* x = input.const_data_ptr<scalar_t>();
-    const scalar_t* dy = grad_output.const_data_ptr<scalar_t>();
-    scalar_t* dx = grad_input.mutable_data_ptr<scalar_t>();
-    for_each_segment(layout, [&](int64_t c, int64_t offset) {
-      const acc_t mean_dy = s_dy[c] * inv_total;
-      const acc_t xmu_factor = sigma_inv[c] * sigma_inv[c] * s_dy_xmu[c] * inv_total;
-      const acc_t scale = sigma_inv[c] * w[c];
-      for (int64_t i = offset; i < offset + layout.inner; ++i) {
-        dx[i] = scalar_t((acc_t(dy[i]) - mean_dy - (acc_t(x[i]) - mu[c]) * xmu_factor) * scale);
+void welford_parallel(const Cpu&, const MergeArgs& a) {
+  const auto merge = [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const A* means = static_cast<const A*>(a.mean);
+    const A* vars = static_cast<const A*>(a.var_biased);
+    at::parallel_for(0, a.channels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        auto state = WelfordState<A>::empty();
+        for (int64_t r = 0; r < a.world; ++r) {
+          const int64_t i = r * a.channels + c;
+          state.merge({means[i], vars[i] * A(a.count[r]), a.count[r]});
+        }
+        static_cast<A*>(a.out_mean)[c] = state.mean;
+        static_cast<A*>(a.out_var)[c] = state.m2 / A(state.count - 1);
+        static_cast<A*>(a.inv_std)[c] = A(1) / std::sqrt(state.biased_var() + A(a.eps));
+      }
+    });
+  };
+  if (a.dtype == Dtype::kFloat64) return merge(Type<double>{});
+  merge(Type<float>{});
+}
+
+void batchnorm_forward(const Cpu&, const NormalizeArgs& a) {
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_type<T>;
+    T* y = static_cast<T*>(a.out);
+    for_each_normalized<T>(a, [&](int64_t i, A v) { y[i] = T(a.fuse_relu && v < A(0) ? A(0) : v); });
+  });
+}
+
+void relu_backward(const Cpu&, const NormalizeArgs& a) {
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_type<T>;
+    const T* dy = static_cast<const T*>(a.grad_output);
+    T* out = static_cast<T*>(a.out);
+    for_each_normalized<T>(a, [&](int64_t i, A v) { out[i] = v > A(0) ? dy[i] : T(0); });
+  });
+}
+
+void batchnorm_backward(const Cpu&, const InputGradArgs& a) {
+  int64_t total = 0;
+  for (int64_t r = 0; r < a.world; ++r) total += a.count[r];
+  APEX_CHECK(total > 0, "syncbn_batchnorm_backward: count must sum to a positive number of elements, got ", total);
+  dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_type<T>;
+    const int64_t C = a.layout.channels;
+    const auto mu = to_vector<A>(a.mean, 0, C), sigma_inv = to_vector<A>(a.inv_std, 0, C);
+    const auto w = to_vector<A>(a.weight, 1, C);
+    const auto s_dy = to_vector<A>(a.sum_dy, 0, C), s_dy_xmu = to_vector<A>(a.sum_dy_xmu, 0, C);
+    const A inv_total = A(1) / A(total);
+    const T* x = static_cast<const T*>(a.input);
+    const T* dy = static_cast<const T*>(a.grad_output);
+    T* dx = static_cast<T*>(a.grad_input);
+    for_each_segment(a.layout, [&](int64_t c, int64_t offset) {
+      const A mean_dy = s_dy[c] * inv_total;
+      const A xmu_factor = sigma_inv[c] * sigma_inv[c] * s_dy_xmu[c] * inv_total;
+      const A scale = sigma_inv[c] * w[c];
+      for (int64_t i = offset; i < offset + a.layout.inner; ++i) {
+        dx[i] = T((A(dy[i]) - mean_dy - (A(x[i]) - mu[c]) * xmu_factor) * scale);
       }
     });
   });
 }
 
-}  // namespace apex_syncbn
-
-TORCH_LIBRARY_IMPL(apex, CPU, m) {
-  APEX_SYNCBN_REGISTER_KERNELS(m, ::apex_syncbn::CpuKernels);
-}
+}  // namespace apex::syncbn

@@ -9,7 +9,7 @@
 #include <c10/macros/Macros.h>
 #include <cstdint>
 
-namespace apex_syncbn {
+namespace apex::syncbn {
 
 // The two per-channel results of a reduction, in the order the ops return them.
 template <typename acc_t>
@@ -87,4 +87,4 @@ struct WriteChannelResults {
   }
 };
 
-}  // namespace apex_syncbn
+}  // namespace apex::syncbn

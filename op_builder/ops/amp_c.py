@@ -1,23 +1,12 @@
-from op_builder.builder import CUDAOpBuilder
+from ..builder import CUDAOpBuilder
 
 
 class AmpCBuilder(CUDAOpBuilder):
-    """Multi-tensor kernels: fused Adam/LAMB/SGD/NovoGrad/Adagrad steps, amp unscale, grad L2 norms."""
+    """Multi-tensor kernels: fused Adam/LAMB/SGD/LARS/NovoGrad/Adagrad/RMSprop/Adadelta/AdamP steps, amp unscale, grad L2 norms."""
 
     NAME = "amp_C"
-    CPP_SOURCES = [
-        "multi_tensor/binding.cpp",
-        "multi_tensor/schema.cpp",
-        "multi_tensor/scale_cpu.cpp",
-        "multi_tensor/l2norm_cpu.cpp",
-        "multi_tensor/adam_cpu.cpp",
-        "multi_tensor/sgd_cpu.cpp",
-        "multi_tensor/lamb_cpu.cpp",
-    ]
-    CUDA_SOURCES = [
-        "multi_tensor/scale_cuda.cu",
-        "multi_tensor/l2norm_cuda.cu",
-        "multi_tensor/adam_cuda.cu",
-        "multi_tensor/sgd_cuda.cu",
-        "multi_tensor/lamb_cuda.cu",
-    ]
+    SOURCE_DIR = "multi_tensor"
+    # amp_C's functions are named as their ops (torch.ops.apex.multi_tensor_adam is amp_C.multi_tensor_adam).
+    FACE_PREFIX = ""
+    # The few historical functions whose name or return value differ from their op's.
+    FACE_MODULE = "apex.multi_tensor_apply.amp_C_faces"

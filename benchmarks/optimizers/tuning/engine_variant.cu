@@ -1,48 +1,37 @@
-// The fp32 AdamW step, grad L2 norm and unscale of amp_C built with one variant of the CUDA
-// multi-tensor engine, chosen by compile-time defines, for tune_engine.py to time side by side:
-// TUNE_THREADS, TUNE_ELEMS_FEW, TUNE_ELEMS_MANY, TUNE_MIN_BLOCKS (the engine's cuda::LaunchConfig).
-// The Python binding is engine_variant_binding.cpp (torch/extension.h through nvcc builds slowly).
+// amp_C's fp32 AdamW step, grad L2 norm and unscale built with one variant of the CUDA multi-tensor
+// engine, chosen by compile-time defines, for tune_engine.py to time side by side: TUNE_THREADS,
+// TUNE_ELEMS_FEW, TUNE_ELEMS_MANY, TUNE_MIN_BLOCKS (the engine's cuda::LaunchConfig).
+#include "apex/multi_tensor_apply.cuh"
 #include "engine_variant.h"
 
-#include "adam.h"
-#include "apex/multi_tensor_apply.cuh"
-#include "l2norm.h"
-#include "scale.h"
-
-using Config =
-    apex::multi_tensor::cuda::LaunchConfig<TUNE_THREADS, TUNE_ELEMS_FEW, TUNE_ELEMS_MANY, TUNE_MIN_BLOCKS>;
-using Engine = apex::multi_tensor::CudaEngineWith<Config>;
-
 namespace mt = apex::multi_tensor;
+using Config = mt::cuda::LaunchConfig<TUNE_THREADS, TUNE_ELEMS_FEW, TUNE_ELEMS_MANY, TUNE_MIN_BLOCKS>;
+using Engine = mt::CudaEngineWith<Config>;
+using Float1 = mt::TypeList<float>;
+using Float2 = mt::TypeList<float, float>;
+using Float4 = mt::TypeList<float, float, float, float>;
 
 namespace tune {
 
-constexpr int64_t kChunk = 2048 * 32;
-
-void adamw(const at::Tensor& flag, const Lists& lists, double lr, int64_t step) {
-  mt::AdamFunctor op;
-  op.s = mt::adam_scalars(lr, 0.9, 0.999, 1e-8, mt::kAdamDecoupled, 0.01);
-  op.s.set_step(static_cast<float>(step), true);
-  Engine::elementwise<mt::TypeList<float, float, float, float>>("adamw", kChunk, flag, lists, op);
+void adamw(const Cuda& device, const TensorLists& lists, int* flag, const mt::AdamFunctor& op) {
+  Engine::elementwise<Float4>(device, lists, flag, op);
 }
 
-std::vector<at::Tensor> l2norm(const at::Tensor& flag, const Lists& lists) {
-  auto out = Engine::reduce<mt::TypeList<float>>("l2norm", kChunk, flag, lists, mt::SquareFunctor<false>{},
-                                                 mt::norm_request(true));
-  return {out.total, out.per_tensor};
+void l2norm(const Cuda& device, const TensorLists& lists, int* flag, const mt::NormArgs& args) {
+  Engine::reduce<Float1>(device, lists, flag, args.square, args.out);
 }
 
-void scale(const at::Tensor& flag, const Lists& lists, double factor) {
-  mt::ScaleFunctor op;
-  op.scale = static_cast<float>(factor);
-  Engine::elementwise<mt::TypeList<float, float>>("scale", kChunk, flag, lists, op);
+void scale(const Cuda& device, const TensorLists& lists, int* flag, const mt::ScaleFunctor& op) {
+  Engine::elementwise<Float2>(device, lists, flag, op);
 }
 
-std::vector<int64_t> blocks_per_sm() {
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  return {mt::cuda::resident_blocks<mt::TypeList<float, float, float, float>, mt::AdamFunctor, Config>() / sms,
-          mt::cuda::resident_blocks<mt::TypeList<float>, mt::SquareFunctor<false>, Config>() / sms,
-          mt::cuda::resident_blocks<mt::TypeList<float, float>, mt::ScaleFunctor, Config>() / sms};
+int64_t scratch(const Cuda& device, int64_t count) { return mt::cuda::reduction_scratch_for<Config>(device, count); }
+
+std::vector<int64_t> blocks_per_sm(const Cuda& device) {
+  const int64_t sms = apex::cuda::sm_count(device.device);
+  return {mt::cuda::resident_blocks<Float4, mt::AdamFunctor, Config>(device) / sms,
+          mt::cuda::resident_blocks<Float1, mt::SquareFunctor, Config>(device) / sms,
+          mt::cuda::resident_blocks<Float2, mt::ScaleFunctor, Config>(device) / sms};
 }
 
 }  // namespace tune

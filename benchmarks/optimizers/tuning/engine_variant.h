@@ -1,21 +1,23 @@
-// The functions engine_variant.cu builds with one engine variant (see tune_engine.py).
+// The kernels engine_variant.cu builds with one variant of the CUDA engine (see tune_engine.py):
+// amp_C's fp32 AdamW step, grad L2 norm and unscale. Torch-free, as every kernel header.
 #pragma once
-
-#include <ATen/ATen.h>
 
 #include <vector>
 
+#include "adam.h"
+#include "l2norm.h"
+#include "scale.h"
+
 namespace tune {
 
-using Lists = std::vector<at::TensorList>;
+using apex::Cuda;
+using apex::multi_tensor::TensorLists;
 
-// AdamW (decoupled weight decay 0.01, betas 0.9/0.999, eps 1e-8) over lists [g, p, m, v] of float32 tensors.
-void adamw(const at::Tensor& flag, const Lists& lists, double lr, int64_t step);
-// (total L2 norm, per-tensor L2 norms) of lists [x] of float32 tensors.
-std::vector<at::Tensor> l2norm(const at::Tensor& flag, const Lists& lists);
-// out = in * factor over lists [in, out], flagging inf/nan inputs.
-void scale(const at::Tensor& flag, const Lists& lists, double factor);
-// Resident blocks per SM of the adamw, l2norm and scale kernels.
-std::vector<int64_t> blocks_per_sm();
+void adamw(const Cuda& device, const TensorLists& lists, int* flag, const apex::multi_tensor::AdamFunctor& op);
+void l2norm(const Cuda& device, const TensorLists& lists, int* flag, const apex::multi_tensor::NormArgs& args);
+void scale(const Cuda& device, const TensorLists& lists, int* flag, const apex::multi_tensor::ScaleFunctor& op);
+// Floats of scratch l2norm needs; resident blocks per SM of the adamw, l2norm and scale kernels.
+int64_t scratch(const Cuda& device, int64_t count);
+std::vector<int64_t> blocks_per_sm(const Cuda& device);
 
 }  // namespace tune

@@ -1,22 +1,22 @@
-"""Times variants of the CUDA multi-tensor engine side by side on bench_multi_tensor's tensors.
+"""Times variants of the CUDA multi-tensor engine side by side on the GPT parameter set.
 
 Each variant is engine_variant.cu compiled with other launch-shape defines (see
-csrc/include/apex/multi_tensor_apply.cuh, cuda::LaunchConfig); the variants build in
-parallel into the JIT cache (--build-only stops there), then every op is timed for every
-variant in turn, twice, so the spread between the two passes shows the noise. Besides the
-289 GPT tensors each op also runs on one flat tensor of the same size (what the multi-tensor
-bookkeeping costs), and the host time of a call (before its kernels run) is reported.
+csrc/include/apex/multi_tensor_apply.cuh, cuda::LaunchConfig) into an op library of its own
+(torch.ops.apex.tune_<variant>_*); the variants build in parallel into the JIT cache
+(--build-only stops there), then every op is timed for every variant in turn, twice, so the
+spread between the two passes shows the noise. Besides the 289 GPT tensors each op also runs on
+one flat tensor of the same size (what the multi-tensor bookkeeping costs), and the host time of
+a call (before its kernels run) is reported.
 
-    python benchmarks/optimizers/tuning/tune_engine.py [--variants 256x32/16,256x8/8] [--log build_logs_dir]
+    python benchmarks/optimizers/tuning/tune_engine.py [--variants 256x32/16,256x8/8]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,11 +27,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path[:0] = [str(ROOT), str(HERE.parent)]
 
-from bench_multi_tensor import gpt_shapes  # noqa: E402
-from benchmarks.common import copy_bandwidth_gbs, time_ms  # noqa: E402
-from op_builder import cache  # noqa: E402
+from benchmarks.common import copy_bandwidth_gbs, require_gpu, time_ms  # noqa: E402
 from op_builder.builder import CUDAOpBuilder  # noqa: E402
 from op_builder.jit import load_builder  # noqa: E402
+from param_sets import gpt_medium_shapes  # noqa: E402
 
 
 def config(threads: int, elems_few: int, elems_many: int, min_blocks: int = 1) -> list[str]:
@@ -52,27 +51,21 @@ VARIANTS = {
 BYTES_PER_PARAM = {"adamw": 28, "l2norm": 4, "scale": 8}
 
 
-def build(name: str, defines: list[str], log_dir: Path) -> object:
-    """The variant's module, from the JIT cache or built now; its ptxas report goes to log_dir."""
-    module_name = "tune_" + "_".join(filter(None, re.split(r"[x/]", name)))
+def build(name: str, defines: list[str]):
+    """The ops of variant `name` (torch.ops.apex.<library>_*), from the JIT cache or built now."""
+    library = "tune_" + "_".join(filter(None, re.split(r"[x/]", name)))
 
     class Variant(CUDAOpBuilder):
-        NAME = module_name
-        CPP_SOURCES = [str((HERE / "engine_variant_binding.cpp").relative_to(ROOT))]
-        CUDA_SOURCES = [str((HERE / "engine_variant.cu").relative_to(ROOT))]
-        EXTRA_NVCC_FLAGS = [*defines, "-Xptxas", "-v"]
+        NAME = library
+        SOURCE_DIR = os.path.relpath(HERE, ROOT / "csrc")
+        EXTRA_CXX_FLAGS = [f"-DTUNE_NAME={library}"]
+        EXTRA_NVCC_FLAGS = [*defines, f"-DTUNE_NAME={library}"]
 
         def include_dirs(self):
-            return [ROOT / "csrc" / "include", ROOT / "csrc" / "multi_tensor", HERE]
+            return [ROOT / "csrc" / "include", ROOT / "csrc" / "multi_tensor"]
 
-        def wants_gpu_build(self):  # the kernels are the point, also when building without a GPU
-            return True
-
-    builder = Variant(source_root=ROOT)
-    module = load_builder(builder)
-    entry = cache.entry(module_name, builder.key(builder.fingerprint(with_gpu=True)))
-    shutil.copy(entry / "build.log", log_dir / f"{module_name}.log")
-    return module
+    load_builder(Variant())
+    return lambda op: getattr(torch.ops.apex, f"{library}_{op}")
 
 
 def host_us(fn, iters: int = 20) -> float:
@@ -90,17 +83,16 @@ def host_us(fn, iters: int = 20) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--log", default=tempfile.gettempdir(), help="where the variants' build logs go")
     parser.add_argument("--build-only", action="store_true", help="build (into the JIT cache) and stop")
     args = parser.parse_args()
+    require_gpu(__file__)
     names = args.variants.split(",")
-    log_dir = Path(args.log)
     with ThreadPoolExecutor(len(names)) as pool:
-        modules = dict(zip(names, pool.map(lambda n: build(n, VARIANTS[n], log_dir), names)))
+        modules = dict(zip(names, pool.map(lambda n: build(n, VARIANTS[n]), names)))
     if args.build_only:
         return
 
-    shapes = gpt_shapes()
+    shapes = gpt_medium_shapes()
     gen = torch.Generator(device="cuda").manual_seed(0)
     lists = {}
     for layout, these in (("289", shapes), ("flat", [(sum(torch.Size(s).numel() for s in shapes),)])):
@@ -117,17 +109,17 @@ def main() -> None:
 
         def adamw():
             step[0] += 1
-            module.adamw(flag, [g, p, m, v], 1e-4, step[0])
+            module("adamw")(flag, g, p, m, v, 1e-4, step[0])
 
         return {
             "adamw": adamw,
-            "l2norm": lambda: module.l2norm(flag, [g]),
-            "scale": lambda: module.scale(flag, [g, g], 1.0),
+            "l2norm": lambda: module("l2norm")(flag, g),
+            "scale": lambda: module("scale")(flag, g, g, 1.0),
         }
 
     reference = torch.linalg.vector_norm(torch.cat([g.flatten() for g in lists["289"][1]]).double())
     for name in names:
-        total, per_tensor = modules[name].l2norm(flag, [lists["289"][1]])
+        total, per_tensor = modules[name]("l2norm")(flag, lists["289"][1])
         error = abs(total.double().item() - reference.item()) / reference.item()
         assert error < 1e-4 and per_tensor.numel() == len(shapes), f"{name}: norm off by {error:.2e}"
 
@@ -154,7 +146,7 @@ def main() -> None:
             t289, tflat = results[(op, "289", name)], results[(op, "flat", name)]
             best289, bestflat = min(t289), min(tflat)
             pct = lambda ms: 100 * BYTES_PER_PARAM[op] * numel / (ms * 1e-3) / 1e9 / copy_gbs  # noqa: E731
-            blocks = modules[name].blocks_per_sm()[index]
+            blocks = modules[name]("blocks_per_sm")(flag)[index]
             host289, hostflat = hosts[(op, "289", name)], hosts[(op, "flat", name)]
             print(f"{op:<7} {name:<10} {blocks:>6} {t289[0]:>11.3f}/{t289[1]:<11.3f} {pct(best289):>6.1f}% "
                   f"{bestflat:>9.3f} {pct(bestflat):>6.1f}% {host289:>8.1f}/{hostflat:<8.1f}")

@@ -1,37 +1,33 @@
-// CUDA back end of the multi-tensor apply engine.
+// CUDA back end of the multi-tensor apply engine (torch-free: kernel sources include apex/cuda.cuh
+// level headers only).
 //
 // Host: the tensors of a call are described in a TileTable passed by value as the kernel
 // argument (__grid_constant__, so nothing is copied per thread): the data pointers of every
 // list, each tensor's numel and the running count of its tiles. CUDA >= 12.1 accepts 32 KB
-// of kernel arguments, enough for ~600-1600 tensors (by depth) in one launch; longer lists
+// of kernel arguments, enough for ~600-1300 tensors (by depth) in one launch; longer lists
 // take several launches.
 //
 // Device: one wave of resident blocks (resident blocks of the kernel x SMs). The tiles of all
 // tensors are numbered in list order and every block takes one contiguous run of them, the
-// same count to within one tile, so all blocks finish together: with apex's scheme (blocks
-// striding over 64K-element chunks) a grid covered the 5600 chunks of a GPT-sized model in
-// 5.3 waves, and the last, partial wave ran with most of the GPU idle. A thread makes a few
-// independent 16-byte accesses of the widest list per tile (narrower lists load the same
-// elements with 8/4-byte accesses), falling back to guarded scalar accesses when a tensor is
-// not 16-byte aligned or at its ragged end. Values are converted to float (double for
-// double lists), the functor runs per element, written lists are converted back and stored.
+// same count to within one tile, so all blocks finish together (apex's scheme, blocks striding
+// over 64K-element chunks, ran the 5600 chunks of a GPT-sized model in 5.3 waves whose last
+// one left most of the GPU idle). A thread makes a few independent 16-byte accesses of the
+// widest list per tile (narrower lists load the same elements with 8/4-byte accesses), falling
+// back to guarded scalar accesses when a tensor is not 16-byte aligned or at its ragged end.
+// Values are converted to float (double for double lists), the functor runs per element,
+// written lists are converted back and stored.
 //
 // Reductions: a block writes one partial per tensor it touches; finish_norms_kernel then
 // combines them per tensor and in total in a fixed order, so norms are deterministic run to
 // run on a given GPU. chunk_size only matters to the CPU engine: here the tiles are the unit.
 #pragma once
 
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/DeviceUtils.cuh>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-
 #include <limits>
+#include <stdexcept>
 #include <utility>
 
-#include "apex/aligned_vector.cuh"
-#include "apex/multi_tensor_apply_common.h"
-#include "apex/multi_tensor_math.h"
+#include "apex/cuda.cuh"
+#include "apex/multi_tensor_kernel.h"
 
 #if defined(USE_ROCM)
 #define APEX_GRID_CONSTANT
@@ -41,6 +37,10 @@
 
 namespace apex::multi_tensor {
 namespace cuda {
+
+using apex::cuda::check_launch;
+using apex::cuda::sm_count;
+using apex::cuda::stream;
 
 // Launch shape of the engine's kernels. It is a type so that benchmarks/optimizers/tuning can
 // build variants side by side.
@@ -168,7 +168,11 @@ template <Reduce R>
 __device__ __forceinline__ float warp_reduce(float v) {
 #pragma unroll
   for (int offset = C10_WARP_SIZE / 2; offset > 0; offset /= 2) {
-    v = combine_partials<R>(v, WARP_SHFL_XOR(v, offset));
+#if defined(USE_ROCM)
+    v = combine_partials<R>(v, __shfl_xor(v, offset));
+#else
+    v = combine_partials<R>(v, __shfl_xor_sync(0xffffffff, v, offset));
+#endif
   }
   return v;
 }
@@ -199,13 +203,13 @@ __device__ __forceinline__ int64_t block_of_tile(int64_t x, int64_t blocks, int6
   return ((x + 1) * blocks - 1) / num_tiles;
 }
 
-// The first tensor with tiles at or after `tile` (tile_end is sorted; empty tensors are skipped).
-template <int D>
-__device__ int tensor_of_tile(const TileTable<D>& table, int64_t tile) {
-  int lo = 0, hi = table.num_tensors - 1;
+// The first of `count` tensors whose work ends after unit `x` (`ends`: each tensor's running end of
+// work units, sorted; tensors without units are skipped): the tensor unit x belongs to.
+__device__ __forceinline__ int tensor_of_unit(const int64_t* ends, int count, int64_t x) {
+  int lo = 0, hi = count - 1;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (table.tile_end[mid] > tile) {
+    if (ends[mid] > x) {
       hi = mid;
     } else {
       lo = mid + 1;
@@ -247,13 +251,13 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     if (blockIdx.x == 0) record_slot_ranges<D, Config::kThreads>(table, slot_ranges);
   }
   // A skipping kernel leaves its partials unwritten; finish_norms_kernel then reports 0.
-  if (Op::kSkipIfFlagSet && *static_cast<volatile int*>(noop_flag)) return;
+  if (op.skip_if_flag_set() && *static_cast<volatile int*>(noop_flag)) return;
 
   const int64_t blocks = gridDim.x;
   const int64_t last = first_tile_of_block(blockIdx.x + 1, blocks, table.num_tiles);
   int64_t tile = first_tile_of_block(blockIdx.x, blocks, table.num_tiles);
   bool finite = true;
-  for (int t = tile < last ? tensor_of_tile(table, tile) : 0; tile < last; ++t) {
+  for (int t = tile < last ? tensor_of_unit(table.tile_end, table.num_tensors, tile) : 0; tile < last; ++t) {
     while (table.tile_end[t] <= tile) ++t;  // empty tensors own no tiles
     const int64_t tensor_first_tile = t == 0 ? 0 : table.tile_end[t - 1];
     const int64_t stop = min(last, table.tile_end[t]);
@@ -310,7 +314,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
 }
 
 // One block: combines each tensor's partials (a warp per tensor), writes the per-tensor results
-// and the total.
+// and the total. `zero` (a skipped l2norm_mp) reports 0 without reading the unwritten partials.
 template <Reduce R>
 __global__ void __launch_bounds__(kFinishThreads)
     finish_norms_kernel(const float* partials, const int* slot_ranges, int num_tensors, const int* noop_flag,
@@ -342,29 +346,57 @@ __global__ void run_once_kernel(const F f) {
   f();
 }
 
-// Blocks of the engine's kernel for (TL, Op, Config) that fit on the device at once.
-template <class TL, class Op, class Config>
-int64_t resident_blocks() {
-  static const int per_sm = [] {
-    int blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, multi_tensor_kernel<TL, Op, Config>,
-                                                                 Config::kThreads, 0));
-    return std::max(blocks, 1);
-  }();
-  return static_cast<int64_t>(per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+// A per-device value computed once (the occupancy of a kernel, a device attribute).
+template <class F>
+int per_device(int (&cache)[64], int device, F&& compute) {
+  if (device < 0 || device >= 64) return compute();
+  if (cache[device] == 0) cache[device] = compute();
+  return cache[device];
 }
 
-// Partial slots a reduction over `num_tensors` tensors may write (see record_slot_ranges).
+inline void check_cuda(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) throw std::runtime_error(std::string(what) + ": CUDA error: " + cudaGetErrorString(error));
+}
+
+// Blocks of the engine's kernel for (TL, Op, Config) resident on `device` at once.
 template <class TL, class Op, class Config>
-int64_t reduction_slots(int64_t num_tensors) {
-  constexpr int64_t kCapacity = TileTable<TL::kDepth>::kCapacity;
-  const int64_t launches = (num_tensors + kCapacity - 1) / kCapacity;
-  return launches * resident_blocks<TL, Op, Config>() + num_tensors;
+int64_t resident_blocks(const Cuda& device) {
+  static int cache[64] = {};
+  const int per_sm = per_device(cache, device.device, [] {
+    int blocks = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, multi_tensor_kernel<TL, Op, Config>,
+                                                             Config::kThreads, 0),
+               "multi-tensor kernel occupancy");
+    return std::max(blocks, 1);
+  });
+  return static_cast<int64_t>(per_sm) * sm_count(device.device);
+}
+
+// An upper bound of resident_blocks() for any kernel of Config's block size.
+template <class Config>
+int64_t max_resident_blocks(const Cuda& device) {
+  static int cache[64] = {};
+  const int threads_per_sm = per_device(cache, device.device, [&] {
+    int threads = 0;
+    check_cuda(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device.device),
+               "multi-tensor reduction scratch");
+    return std::max(threads, Config::kThreads);
+  });
+  return static_cast<int64_t>(threads_per_sm / Config::kThreads) * sm_count(device.device);
+}
+
+// Floats of scratch a reduction over `count` tensors needs: the partial slots (see
+// record_slot_ranges) of every launch, then each tensor's [first, end) slot range as ints.
+template <class Config>
+int64_t reduction_scratch_for(const Cuda& device, int64_t count) {
+  constexpr int64_t kCapacity = TileTable<2>::kCapacity;  // reductions take one or two lists
+  const int64_t launches = (count + kCapacity - 1) / kCapacity;
+  return launches * max_resident_blocks<Config>(device) + count + 2 * count;
 }
 
 // Launches `op` over all tiles of `lists`, as many tensors per launch as the table holds.
 template <class TL, class Op, class Config>
-void launch(const at::Tensor& noop_flag, const std::vector<at::TensorList>& lists, const Op& op, float* partials,
+void launch(const Cuda& device, const TensorLists& lists, int* flag, const Op& op, float* partials,
             int* slot_ranges) {
   constexpr int D = TL::kDepth;
   using Table = TileTable<D>;
@@ -372,10 +404,7 @@ void launch(const at::Tensor& noop_flag, const std::vector<at::TensorList>& list
   constexpr int64_t kTile = TileShape<TL, Config>::kTile;
   constexpr bool kReduces = Op::kReduce != Reduce::kNone;
 
-  const int64_t max_blocks = resident_blocks<TL, Op, Config>();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  int* flag = noop_flag.data_ptr<int>();
-
+  const int64_t max_blocks = resident_blocks<TL, Op, Config>(device);
   Table table;
   table.num_tiles = table.first_slot = 0;
   table.num_tensors = table.first_tensor = 0;
@@ -383,19 +412,19 @@ void launch(const at::Tensor& noop_flag, const std::vector<at::TensorList>& list
     // A reduction launches even without tiles: it records that its tensors have no partials.
     if (table.num_tiles > 0 || (kReduces && table.num_tensors > 0)) {
       const int64_t blocks = std::max<int64_t>(1, std::min(table.num_tiles, max_blocks));
-      multi_tensor_kernel<TL, Op, Config><<<static_cast<unsigned>(blocks), Config::kThreads, 0, stream>>>(
+      multi_tensor_kernel<TL, Op, Config><<<static_cast<unsigned>(blocks), Config::kThreads, 0, stream(device)>>>(
           table, flag, op, partials, slot_ranges);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      check_launch(lists.op);
       table.first_slot += blocks + table.num_tensors;
     }
     table.first_tensor += table.num_tensors;
     table.num_tiles = 0;
     table.num_tensors = 0;
   };
-  for (size_t t = 0; t < lists[0].size(); ++t) {
+  for (int64_t t = 0; t < lists.count; ++t) {
     const int n = table.num_tensors;
-    for (int d = 0; d < D; ++d) table.ptrs[d][n] = lists[d][t].data_ptr();
-    table.numel[n] = lists[0][t].numel();
+    for (int d = 0; d < D; ++d) table.ptrs[d][n] = lists.at(d, t);
+    table.numel[n] = lists.numel[t];
     table.num_tiles += (table.numel[n] + kTile - 1) / kTile;
     table.tile_end[n] = table.num_tiles;
     table.num_tensors = n + 1;
@@ -404,61 +433,39 @@ void launch(const at::Tensor& noop_flag, const std::vector<at::TensorList>& list
   flush();
 }
 
-template <class TL>
-void check_lists(const char* name, int64_t chunk_size, const at::Tensor& noop_flag,
-                 const std::vector<at::TensorList>& lists) {
-  APEX_CHECK(static_cast<int>(lists.size()) == TL::kDepth, name, ": expected ", TL::kDepth, " tensor lists, got ",
-             lists.size());
-  check_tensor_lists(name, chunk_size, noop_flag, lists);
-  APEX_CHECK(noop_flag.is_cuda(), name, ": CUDA kernel called with a flag on ", noop_flag.device());
-}
-
 }  // namespace cuda
 
-// The CUDA engine with launch shape Config (see cuda::LaunchConfig); ops use CudaEngine.
+// The CUDA engine with launch shape Config (see cuda::LaunchConfig); kernels use CudaEngine.
 template <class Config>
 struct CudaEngineWith {
   // Applies elementwise functor `op` to every element of the lists (element types TL).
   template <class TL, class Op>
-  static void elementwise(const char* name, int64_t chunk_size, const at::Tensor& noop_flag,
-                          const std::vector<at::TensorList>& lists, const Op& op) {
-    cuda::check_lists<TL>(name, chunk_size, noop_flag, lists);
-    const c10::cuda::CUDAGuard guard(noop_flag.device());
-    cuda::launch<TL, Op, Config>(noop_flag, lists, op, nullptr, nullptr);
+  static void elementwise(const Cuda& device, const TensorLists& lists, int* flag, const Op& op) {
+    cuda::launch<TL, Op, Config>(device, lists, flag, op, nullptr, nullptr);
   }
 
-  // Reduces the terms `op` returns (sum of squares -> L2 norm, or max of |x|), in total and per tensor.
+  // Reduces the terms `op` returns (sum of squares -> L2 norm, or max of |x|), in total and per
+  // tensor; `out.scratch` holds reduction_scratch() floats.
   template <class TL, class Op>
-  static NormOutputs reduce(const char* name, int64_t chunk_size, const at::Tensor& noop_flag,
-                            const std::vector<at::TensorList>& lists, const Op& op, const NormRequest& request) {
-    cuda::check_lists<TL>(name, chunk_size, noop_flag, lists);
-    const c10::cuda::CUDAGuard guard(noop_flag.device());
-    const int64_t num_tensors = static_cast<int64_t>(lists[0].size());
-    const int64_t slots = cuda::reduction_slots<TL, Op, Config>(num_tensors);
-    APEX_CHECK(slots + 2 * num_tensors <= std::numeric_limits<int>::max(), name, ": too many tensors (",
-               num_tensors, ")");
-
-    NormOutputs out = allocate_norm_outputs(name, num_tensors, noop_flag, request);
-    // One scratch buffer: the partials, then each tensor's [first, end) range of partial slots.
-    at::Tensor scratch = at::empty({slots + 2 * num_tensors}, noop_flag.options().dtype(at::kFloat));
-    float* partials = scratch.data_ptr<float>();
+  static void reduce(const Cuda& device, const TensorLists& lists, int* flag, const Op& op, const NormOut& out) {
+    const int64_t slots = cuda::reduction_scratch_for<Config>(device, lists.count) - 2 * lists.count;
+    if (slots + 2 * lists.count > std::numeric_limits<int>::max()) {
+      throw std::invalid_argument(std::string(lists.op) + ": too many tensors (" + std::to_string(lists.count) + ")");
+    }
+    float* partials = out.scratch;
     int* slot_ranges = reinterpret_cast<int*>(partials + slots);
-    cuda::launch<TL, Op, Config>(noop_flag, lists, op, partials, slot_ranges);
-    cuda::finish_norms_kernel<Op::kReduce><<<1, cuda::kFinishThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        partials, slot_ranges, static_cast<int>(num_tensors), noop_flag.data_ptr<int>(), request.zero_if_flag_set,
-        request.per_tensor, request.keep, request.take, out.total.data_ptr<float>(),
-        out.per_tensor.numel() ? out.per_tensor.data_ptr<float>() : nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return out;
+    cuda::launch<TL, Op, Config>(device, lists, flag, op, partials, slot_ranges);
+    cuda::finish_norms_kernel<Op::kReduce><<<1, cuda::kFinishThreads, 0, cuda::stream(device)>>>(
+        partials, slot_ranges, static_cast<int>(lists.count), flag, out.zero_if_flag_set, out.mode, out.keep,
+        out.take, out.total, out.per_tensor);
+    cuda::check_launch(lists.op);
   }
 
-  // Runs a one-off scalar update (amp's loss-scale bookkeeping) on the tensors' GPU.
+  // Runs a one-off scalar update (amp's loss-scale bookkeeping) on the device.
   template <class F>
-  static void run_once(const at::Tensor& on, const F& f) {
-    APEX_CHECK(on.is_cuda(), "CUDA kernel called with a tensor on ", on.device());
-    const c10::cuda::CUDAGuard guard(on.device());
-    cuda::run_once_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(f);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  static void run_once(const Cuda& device, const F& f) {
+    cuda::run_once_kernel<<<1, 1, 0, cuda::stream(device)>>>(f);
+    cuda::check_launch("multi-tensor scalar update");
   }
 };
 

@@ -64,7 +64,7 @@ def test_initialize_twice():
 
 
 def test_half_model_and_parallel_wrapper_are_refused():
-    with pytest.raises(RuntimeError, match="you do not need to call .half\\(\\) on your model"):
+    with pytest.raises(RuntimeError, match="you do not need to call .half\\(\\) or .bfloat16\\(\\) on your"):
         amp.initialize(make_net("mlp").half(), opt_level="O2", verbosity=0)
     with pytest.raises(RuntimeError, match="Parallel wrappers should only be applied to the model"):
         amp.initialize(nn.DataParallel(make_net("mlp")), opt_level="O1", verbosity=0)

@@ -1,15 +1,15 @@
-"""Fixtures shared by the amp_C tests: the compiled module and the devices to run on."""
+"""Fixtures shared by the amp_C tests: the historical module (a face of torch.ops.apex) and the devices to run on."""
 import pytest
 import torch
-
-from op_builder import load_op
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.fixture(scope="session")
 def amp_C():
-    return load_op("amp_C")
+    import amp_C
+
+    return amp_C
 
 
 @pytest.fixture(params=DEVICES)

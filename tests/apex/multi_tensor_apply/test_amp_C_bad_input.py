@@ -10,7 +10,7 @@ def lists(n=3, device="cpu", dtype=torch.float32):
 
 
 def test_mismatched_list_lengths(amp_C, flag, device):
-    with pytest.raises(RuntimeError, match="tensor list 1 has 2 tensors but list 0 has 3"):
+    with pytest.raises(RuntimeError, match=r"tensor list 1 \(outputs\) has 2 tensors but list 0 \(inputs\) has 3"):
         amp_C.multi_tensor_scale(CHUNK, flag, [lists(3, device), lists(2, device)], 1.0)
 
 
@@ -28,16 +28,24 @@ def test_empty_lists(amp_C, flag):
 
 
 def test_wrong_number_of_lists(amp_C, flag):
-    with pytest.raises(RuntimeError, match="expected 4 tensor lists, got 3"):
+    # A list left out is empty: the op names the one it misses.
+    with pytest.raises(RuntimeError, match=r"exp_avg_sqs has no tensors"):
         amp_C.multi_tensor_adam(CHUNK, flag, [lists(), lists(), lists()], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+    with pytest.raises(RuntimeError, match="expected at most 4 tensor lists, got 5"):
+        amp_C.multi_tensor_adam(CHUNK, flag, [lists()] * 5, 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
 
 
-def test_mismatched_sizes_and_layout(amp_C, flag, device):
-    with pytest.raises(RuntimeError, match="has 11 elements but list 0 has 10"):
+def test_mismatched_sizes_and_shapes(amp_C, flag, device):
+    with pytest.raises(RuntimeError, match=r"tensor 0 of list 1 \(outputs\) has 11 elements but list 0 \(inputs\) has 10"):
         amp_C.multi_tensor_scale(CHUNK, flag, [lists(1, device), [torch.ones(11, device=device)]], 1.0)
-    x = torch.ones(10, 10, device=device)
-    with pytest.raises(RuntimeError, match="not dense"):
-        amp_C.multi_tensor_scale(CHUNK, flag, [[x[:, :5]], [torch.ones(10, 5, device=device)]], 1.0)
+    # Same numel, other shape: fine when both are contiguous (they pair up in memory order, as in
+    # NVIDIA apex), reported as a shape mismatch otherwise.
+    x = torch.arange(12.0, device=device)
+    out = torch.empty(3, 4, device=device)
+    amp_C.multi_tensor_scale(CHUNK, flag, [[x], [out]], 2.0)
+    assert torch.equal(out.flatten(), 2 * x)
+    with pytest.raises(RuntimeError, match=r"has shape \[4, 3\] but list 0 \(inputs\) has shape \[12\]"):
+        amp_C.multi_tensor_scale(CHUNK, flag, [[x], [out.t()]], 2.0)
 
 
 def test_sparse_tensors(amp_C, flag):
@@ -47,23 +55,26 @@ def test_sparse_tensors(amp_C, flag):
 
 
 def test_lists_that_are_not_lists_of_tensors(amp_C, flag):
-    with pytest.raises(TypeError):
+    # torch.ops refuses what is not a Tensor[] (RuntimeError) before the op runs.
+    with pytest.raises((TypeError, RuntimeError), match="List\\[Tensor\\]|Tensor"):
         amp_C.multi_tensor_scale(CHUNK, flag, [lists(1, flag.device), [1.0]], 1.0)
     # A tensor where a list of tensors belongs is refused, not iterated into 0-dim tensors.
     x = torch.ones(10, device=flag.device)
-    with pytest.raises(TypeError):
+    with pytest.raises((TypeError, RuntimeError)):
         amp_C.multi_tensor_l2norm(CHUNK, flag, [x])
-    with pytest.raises(TypeError):
+    with pytest.raises((TypeError, RuntimeError)):
         amp_C.multi_tensor_scale(CHUNK, flag, [x, x], 1.0)
 
 
 def test_bad_dtypes(amp_C, flag):
-    with pytest.raises(RuntimeError, match="unsupported dtype"):
+    with pytest.raises(RuntimeError, match="inputs must be float32, float16 or bfloat16, got Long"):
         amp_C.multi_tensor_scale(CHUNK, flag, [lists(dtype=torch.int64), lists()], 1.0)
+    with pytest.raises(RuntimeError, match="tensors must be float32, float16 or bfloat16, got Double"):
+        amp_C.multi_tensor_l2norm(CHUNK, flag, [lists(dtype=torch.float64)])
     with pytest.raises(RuntimeError, match="must share one dtype"):
         amp_C.multi_tensor_scale(CHUNK, flag, [[torch.ones(3), torch.ones(3, dtype=torch.half)], lists(2)], 1.0)
     half = lists(4, dtype=torch.half)
-    with pytest.raises(RuntimeError, match="optimizer states must be float32 or the params' dtype"):
+    with pytest.raises(RuntimeError, match="exp_avgs must be float32 or the params' dtype"):
         amp_C.multi_tensor_adam(CHUNK, flag, [half, half, lists(4, dtype=torch.float64), lists(4, dtype=torch.float64)],
                                 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
 
@@ -75,6 +86,12 @@ def test_bad_scalars(amp_C, flag):
         amp_C.multi_tensor_adam(CHUNK, flag, [lists(), lists(), lists(), lists()], 1e-3, 0.9, 0.999, 1e-8, 1, 7, 1, 0.0)
     with pytest.raises(RuntimeError, match="arg_to_check must be -1, 0 or 1"):
         amp_C.multi_tensor_axpby(CHUNK, flag, [lists(), lists(), lists()], 1.0, 1.0, 5)
+    # Step 0 with bias correction would divide by 1 - beta^0 = 0.
+    with pytest.raises(RuntimeError, match="step must be >= 1"):
+        amp_C.multi_tensor_adam(CHUNK, flag, [lists(), lists(), lists(), lists()], 1e-3, 0.9, 0.999, 1e-8, 0, 1, 1, 0.0)
+    with pytest.raises(RuntimeError, match="step must be >= 1"):
+        amp_C.multi_tensor_adam_capturable(CHUNK, flag, [lists(), lists(), lists(), lists()], torch.ones(1), 0.9,
+                                           0.999, 1e-8, torch.zeros(1), 1, 1, 0.0, torch.ones(1))
 
 
 @pytest.mark.gpu

@@ -70,3 +70,20 @@ def test_mixed_dtypes_functions(device):
     out, invvar = fused_layer_norm_cuda.rms_forward_affine_mixed_dtypes(x, [16], w, EPS)
     assert out.dtype == torch.float32
     assert_close_rel(out, reference_norm(x, [16], w, None, EPS, rms=True), torch.bfloat16, "rms mixed")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_memory_efficient_backward_without_mean(device):
+    """NVIDIA apex's memory-efficient autograd Function keeps no mean and passes None for it."""
+    x, w, b, dy = (torch.randn(s, device=device) for s in ((6, 40), (40,), (40,), (6, 40)))
+    _, gx64, (gw64, gb64) = reference_grads(x, w, b, dy, rms=False)
+    out, _, invvar = fused_layer_norm_cuda.forward_affine(x, [40], w, b, EPS)
+    gx, gw, gb = fused_layer_norm_cuda.backward_affine(dy, None, invvar, out, [40], w, b, EPS, True)
+    for got, ref, what in ((gx, gx64, "grad_input"), (gw, gw64, "grad_gamma"), (gb, gb64, "grad_beta")):
+        assert_close_rel(got, ref, torch.float32, what)
+
+
+def test_face_lists_nvidia_functions():
+    names = set(dir(fused_layer_norm_cuda))
+    assert {"forward", "forward_affine", "forward_affine_mixed_dtypes", "backward", "backward_affine", "rms_forward",
+            "rms_forward_affine", "rms_forward_affine_mixed_dtypes", "rms_backward", "rms_backward_affine"} <= names

@@ -59,16 +59,8 @@ def test_weight_on_another_device():
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool], ids=str)
 def test_integer_input(device, dtype):
     x = torch.ones(4, 8, device=device, dtype=dtype)
-    with pytest.raises(RuntimeError, match="input must be float32, float64, float16 or bfloat16"):
+    with pytest.raises(RuntimeError, match="input must be float32, float16 or bfloat16"):
         fused_layer_norm(x, (8,))
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [(0, 8), (3, 0)], ids=str)
-def test_empty_input(device, shape):
-    x = torch.empty(shape, device=device)
-    with pytest.raises(RuntimeError, match="input is empty"):
-        fused_layer_norm(x, shape[-1:])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -81,3 +73,7 @@ def test_backward_arguments(device):
         fused_layer_norm_cuda.backward(torch.ones_like(x), mean, invvar[:3], x, [8], 1e-5, False)
     with pytest.raises(RuntimeError, match="grad_output has dtype"):
         fused_layer_norm_cuda.backward(torch.ones_like(x).double(), mean, invvar, x, [8], 1e-5, False)
+    with pytest.raises(RuntimeError, match="needs mean"):
+        fused_layer_norm_cuda.backward(torch.ones_like(x), None, invvar, x, [8], 1e-5, False)
+    with pytest.raises(RuntimeError, match="invvar must be float32 or float64"):
+        fused_layer_norm_cuda.backward(torch.ones_like(x), mean, invvar.half(), x, [8], 1e-5, False)

@@ -9,14 +9,13 @@ from optimizer_testing import float32_copies
 class LambReference:
     """LAMB as apex computes it: grads clipped by their global norm, Adam moments, then a
     per-tensor trust ratio ||param|| / ||update|| (tensors with weight decay, or all with
-    use_nvlamb). Moments are float32; params are stored in ``param_dtype`` (by default the
-    params'), the update in the grads' dtype (the kernel writes it into the grads' buffer)."""
+    use_nvlamb). Moments and the update are float32; params are stored in ``param_dtype`` (by
+    default the params')."""
 
     def __init__(self, params, groups=None, *, lr, betas, eps, weight_decay, adam_w_mode=True,
                  grad_averaging=True, max_grad_norm=1.0, use_nvlamb=False, bias_correction=True,
                  param_dtype=None, step=0):  # fmt: skip
-        self.update_dtype = params[0].dtype
-        self.param_dtype = param_dtype or self.update_dtype
+        self.param_dtype = param_dtype or params[0].dtype
         self.params = float32_copies(params)
         self.exp_avgs = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sqs = [torch.zeros_like(p) for p in self.params]
@@ -25,10 +24,6 @@ class LambReference:
         self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
         self.adam_w_mode, self.grad_averaging, self.max_grad_norm = adam_w_mode, grad_averaging, max_grad_norm
         self.use_nvlamb, self.bias_correction = use_nvlamb, bias_correction
-
-    @staticmethod
-    def _round(tensor, dtype):
-        return tensor.to(dtype).float()
 
     def step(self, grads):
         present = [g.float() for g in grads if g is not None]
@@ -50,10 +45,9 @@ class LambReference:
             update = (m / bias1) / ((v / bias2).sqrt() + self.eps)
             if self.adam_w_mode:
                 update = update + decay * param
-            update = self._round(update, self.update_dtype)
             ratio = self.lr
             if self.use_nvlamb or decay != 0:
                 param_norm, update_norm = param.norm(), update.norm()
                 if param_norm != 0 and update_norm != 0:
                     ratio = self.lr * float(param_norm / update_norm)
-            self.params[index] = self._round(param - ratio * update, self.param_dtype)
+            self.params[index] = (param - ratio * update).to(self.param_dtype).float()

@@ -85,7 +85,7 @@ def test_output_hangs_from_one_autograd_node(layout):
     bn, _ = make_pair(layout)
     x = to_layout(torch.randn(2, C, 3, 3), layout).requires_grad_(True)
     y = bn(x)
-    assert type(y.grad_fn).__name__ == "SyncBatchnormFunctionBackward"
+    assert y.grad_fn.name() == "apex::syncbn_batch_norm_backward"  # one step of one process: one C++ op
     leaves = [fn.variable for fn, _ in y.grad_fn.next_functions if fn is not None]
     assert leaves[0] is x and leaves[1] is bn.weight and leaves[2] is bn.bias
 
@@ -145,3 +145,25 @@ def test_forward_captured_in_a_cuda_graph_then_run_eagerly():
         bn(x)
     y = bn(x)  # eager, same count, graph never replayed
     torch.testing.assert_close(y, F.batch_norm(x, None, None, bn.weight, bn.bias, True), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_single_process_op_passes_opcheck(layout):
+    """syncbn_batch_norm (one process's step, C++ formula): schema, Meta kernel, autograd and tracing agree."""
+    from apex._ops import ops
+
+    op = ops("syncbn").syncbn_batch_norm.default
+    g = torch.Generator().manual_seed(4)
+    x = to_layout(torch.randn(3, C, 5, 2, generator=g), layout).requires_grad_(True)
+    weight, bias = torch.rand(C, generator=g).requires_grad_(True), torch.randn(C, generator=g).requires_grad_(True)
+    innermost, permuted = layout != "nchw", layout == "channels_last"
+    z = torch.randn(x.shape, generator=g).requires_grad_(True) if layout == "nhwc" else None
+    torch.library.opcheck(op, (x, z, weight, bias, 1e-5, innermost, permuted, layout == "nhwc"))
+
+
+def test_single_process_step_compiles_fullgraph():
+    bn, ref = make_pair("nchw")
+    x = torch.randn(4, C, 3, 5)
+    y = torch.compile(bn, fullgraph=True, dynamic=True)(x.requires_grad_(True))
+    torch.testing.assert_close(y, ref(x), **TOL)
+    torch.testing.assert_close(bn.running_var, ref.running_var, **TOL)

@@ -1,0 +1,37 @@
+"""How apex's Python code reaches its compiled ops: ``ops(library)`` then ``torch.ops.apex.<function>``.
+
+    from apex._ops import ops
+    out = ops("fused_layer_norm_cuda").layer_norm_fwd(x, [1024], w, b, 1e-5)[0]
+
+``ops`` makes sure the op library (the builder's NAME: "amp_C", "fused_layer_norm_cuda", ...) is
+loaded, building it on first use, and returns the ``torch.ops.apex`` namespace. It is the only way
+apex's modules load an op. It is traceable: under torch.compile the library is loaded at trace time
+(without a guard on loader state), so ``fullgraph=True`` holds even for an op's very first call. An
+op that cannot be built here raises ``OpNotCompatibleError`` (why) or ``OpBuildError`` (the build log).
+"""
+from __future__ import annotations
+
+import torch
+
+_loaded: set[str] = set()
+
+
+def _load(library: str) -> bool:
+    from apex.op_builder import load_op
+
+    load_op(library)
+    _loaded.add(library)
+    return True
+
+
+# Traced code calls the loader through this: dynamo runs it while tracing and keeps no guard on it.
+_load_while_tracing = torch._dynamo.assume_constant_result(_load)
+
+
+def ops(library: str) -> torch._ops._OpNamespace:
+    """``torch.ops.apex``, with the op library ``library`` loaded (built on first use)."""
+    if torch.compiler.is_compiling():
+        _load_while_tracing(library)
+    elif library not in _loaded:
+        _load(library)
+    return torch.ops.apex

@@ -1,0 +1,129 @@
+"""Where each parameter's elements live in the flat buckets of a ZeRO optimizer.
+
+Parameters are laid end to end, in a fixed order, into buckets of at most a capacity of
+elements; a parameter too large for the rest of a bucket continues in the next one, so it
+may consist of several fragments. Each bucket is split into ``world`` equal shards: rank r
+owns elements ``[r * shard_size, (r + 1) * shard_size)`` of every bucket, its gradients
+after the reduce-scatter and its optimizer state. The layout is pure arithmetic, the same
+on every rank, which is what lets ranks exchange buckets without describing them.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+# Every fragment starts at a multiple of 64 elements of its bucket and every shard size is
+# one: 128 bytes in 16-bit buffers, 256 in float32 ones, so each fragment of each shard
+# buffer starts 16-byte aligned for the kernels' vector loads, whatever its dtype.
+ALIGNMENT = 64
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """Elements ``param_range`` of flattened parameter ``param`` at ``bucket_range`` of ``bucket``."""
+
+    param: int
+    bucket: int
+    param_range: tuple[int, int]
+    bucket_range: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class LocalFragment:
+    """The part of a fragment inside this rank's shard: elements ``param_range`` of the
+    flattened parameter are elements ``shard_range`` of the shard."""
+
+    param: int
+    param_range: tuple[int, int]
+    shard_range: tuple[int, int]
+
+    @property
+    def size(self) -> int:
+        return self.shard_range[1] - self.shard_range[0]
+
+
+@dataclass(frozen=True)
+class Bucket:
+    index: int
+    size: int
+    shard_size: int
+    fragments: tuple[Fragment, ...]
+    local: tuple[LocalFragment, ...]  # this rank's fragments, in shard order
+
+    @property
+    def params(self) -> tuple[int, ...]:
+        """The parameters with elements in this bucket, each once, in bucket order."""
+        return tuple(dict.fromkeys(f.param for f in self.fragments))
+
+
+def shard_capacity(bucket_bytes: float, element_size: int, world: int) -> int:
+    """Elements per shard of a full bucket of about ``bucket_bytes``: a multiple of ALIGNMENT, at least one."""
+    elements = int(bucket_bytes // element_size) // world
+    return max(ALIGNMENT, elements // ALIGNMENT * ALIGNMENT)
+
+
+def plan_buckets(
+    sizes: Sequence[int],
+    order: Sequence[int],
+    bucket_starts: Collection[int],
+    capacity: int,
+    world: int,
+    rank: int,
+) -> list[Bucket]:
+    """Lay the parameters ``order`` (indices into ``sizes``, element counts) into buckets.
+
+    A new bucket begins where a parameter does not fit and at each position of ``order``
+    in ``bucket_starts``. Buckets hold at most ``capacity * world`` elements and are trimmed
+    to the smallest multiple of ``ALIGNMENT * world`` that holds their fragments; ``rank``
+    picks the shard whose local fragments are listed.
+    """
+    if capacity % ALIGNMENT:
+        raise ValueError(f"shard capacity must be a multiple of {ALIGNMENT}, got {capacity}")
+    limit = capacity * world
+    filled: list[list[Fragment]] = [[]]
+    end = 0  # elements of the current bucket in use
+    for position, param in enumerate(order):
+        if position in bucket_starts and filled[-1]:
+            filled.append([])
+            end = 0
+        start, size = 0, sizes[param]
+        while start < size:
+            offset = round_up(end, ALIGNMENT)
+            if offset >= limit:
+                filled.append([])
+                end = 0
+                continue
+            take = min(size - start, limit - offset)
+            filled[-1].append(Fragment(param, len(filled) - 1, (start, start + take), (offset, offset + take)))
+            start, end = start + take, offset + take
+    if not filled[-1]:
+        filled.pop()
+    buckets = []
+    for index, fragments in enumerate(filled):
+        size = round_up(fragments[-1].bucket_range[1], ALIGNMENT * world)
+        shard_size = size // world
+        buckets.append(Bucket(index, size, shard_size, tuple(fragments), _local(fragments, shard_size, rank)))
+    return buckets
+
+
+def _local(fragments: Sequence[Fragment], shard_size: int, rank: int) -> tuple[LocalFragment, ...]:
+    shard_start, shard_end = rank * shard_size, (rank + 1) * shard_size
+    local = []
+    for fragment in fragments:
+        begin = max(fragment.bucket_range[0], shard_start)
+        end = min(fragment.bucket_range[1], shard_end)
+        if begin < end:
+            offset = fragment.param_range[0] - fragment.bucket_range[0]
+            local.append(LocalFragment(fragment.param, (begin + offset, end + offset),
+                                       (begin - shard_start, end - shard_start)))
+    return tuple(local)
+
+
+def signature(buckets: Sequence[Bucket], world: int) -> tuple:
+    """What two optimizers must share to exchange sharded state: world size and fragments."""
+    return (world, tuple((b.size, tuple((f.param, f.param_range, f.bucket_range) for f in b.fragments))
+                         for b in buckets))

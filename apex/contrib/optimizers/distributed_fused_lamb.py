@@ -1,0 +1,215 @@
+"""DistributedFusedLAMB: LAMB with ZeRO-2 sharding on torch.distributed (NVIDIA apex's API)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from apex.contrib.optimizers._shards import group_lists
+from apex.contrib.optimizers._zero_optimizer import ZeroOptimizer
+from apex.multi_tensor_apply import multi_tensor_applier
+from apex.optimizers._fused_optimizer import amp_c, check_hyperparameters
+
+
+class DistributedFusedLAMB(ZeroOptimizer):
+    """LAMB (You et al., arXiv 1904.00962) whose state is sharded over the ranks (ZeRO-2).
+
+    Gradients are reduce-scattered, clipped by their global L2 norm (all ranks' shards
+    together) to ``max_grad_norm``, turned into the Adam update and applied with the
+    per-parameter trust ratio ``||param|| / ||update||``; a parameter's two norms are summed
+    over the ranks holding its fragments before any rank uses them, so the result is
+    ``apex.optimizers.FusedLAMB`` over the global batch. The gradient and parameter
+    all-gathers work as in ``DistributedFusedAdam``, whose keyword options this takes too
+    (``grad_sync_dtype``, ``param_sync_dtype``, ``device``, the process groups,
+    ``average_grad_sync``, ``overlap_param_sync``, ``bucket_cap_mb``, ``pipeline_size``,
+    ``contiguous_grad_buffer``, ``store_params``, ``store_param_remainders``); the optimizer
+    state is float32.
+
+    Args (NVIDIA apex's):
+        lr, bias_correction, betas, eps, weight_decay, adam_w_mode, grad_averaging,
+        use_nvlamb: as in ``apex.optimizers.FusedLAMB``.
+        max_grad_norm: clip the global gradient norm to this; 0 (default) never clips.
+        overlap_reductions: reduce-scatter during backward (``overlap_grad_sync``).
+        set_param_views_to_flat_buffer: parameters become views of one flat buffer
+            (``contiguous_param_buffer``).
+        step_supports_amp_scaling: must stay True (GradScaler hands itself to ``step``).
+        e5m2_allgather, skip_allgather, clip_after_ar: only their defaults are supported
+            (fp8 gathers, skipped gathers and clipping before the reduction are refused).
+        dwu_group_size, dwu_num_blocks, dwu_num_chunks, dwu_num_rs_pg, dwu_num_ar_pg,
+        dwu_num_ag_pg, fused_norm, fuse_scale, full_ar, param_order, nccl_allgather_channels,
+        verbose: tuned apex's own block and communicator layout; buckets here are sized by
+            ``bucket_cap_mb`` and reduced in one process group, so they are accepted for
+            existing scripts and change nothing.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        grad_averaging: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_grad_norm: float = 0.0,
+        adam_w_mode: bool = True,
+        use_nvlamb: bool = False,
+        step_supports_amp_scaling: bool = True,
+        overlap_reductions: bool = True,
+        dwu_group_size: int = 0,
+        dwu_num_blocks: int = 4,
+        dwu_num_chunks: int = 4,
+        dwu_num_rs_pg: int = 1,
+        dwu_num_ar_pg: int = 4,
+        dwu_num_ag_pg: int = 0,
+        fused_norm: bool = False,
+        e5m2_allgather: bool = False,
+        verbose: bool = False,
+        clip_after_ar: bool = True,
+        full_ar: bool = False,
+        set_param_views_to_flat_buffer: bool = False,
+        skip_allgather: bool = False,
+        fuse_scale: bool = False,
+        param_order: Any = None,
+        nccl_allgather_channels: int = 0,
+        **zero_options: Any,
+    ) -> None:
+        name = type(self).__name__
+        check_hyperparameters(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay)
+        if max_grad_norm < 0:
+            raise ValueError(f"Invalid max_grad_norm value: {max_grad_norm}")
+        if not step_supports_amp_scaling:
+            raise ValueError(f"{name}: step_supports_amp_scaling must be True: the gradients live in the "
+                             "optimizer's buckets, so GradScaler has to hand itself to step()")
+        for option, value, supported in (("e5m2_allgather", e5m2_allgather, False),
+                                         ("skip_allgather", skip_allgather, False),
+                                         ("clip_after_ar", clip_after_ar, True)):
+            if value != supported:
+                raise NotImplementedError(f"{name}: {option}={value} is not supported (only {option}={supported})")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=weight_decay,
+                        grad_averaging=grad_averaging, max_grad_norm=max_grad_norm)
+        self.adam_w_mode = adam_w_mode
+        self.use_nvlamb = use_nvlamb
+        self._global_scale: float | torch.Tensor | None = None
+        refused = set(zero_options) & {"dtype", "with_scaled_states", "capturable", "overlap_grad_sync",
+                                       "contiguous_param_buffer"}
+        if refused:
+            raise TypeError(f"{name} got {sorted(refused)}: its state is float32, it is not capturable, and "
+                            "overlap_reductions / set_param_views_to_flat_buffer name the other two")
+        super().__init__(params, defaults, dtype=torch.float32, overlap_grad_sync=overlap_reductions,
+                         contiguous_param_buffer=set_param_views_to_flat_buffer, **zero_options)
+        self._zero = torch.zeros(1, dtype=torch.float32, device=self.device)
+        self._owners: dict[int, torch.Tensor] = {}  # param group -> the parameter of each of its local fragments
+
+    # -- apex's DistributedFusedLAMB controls ---------------------------------------------
+
+    def set_global_scale(self, global_scale: float | torch.Tensor) -> None:
+        """The loss scale the gradients carry; the next step divides them by it."""
+        self._global_scale = global_scale
+
+    @property
+    def global_scale(self) -> float | torch.Tensor | None:
+        return self._global_scale
+
+    @property
+    def L2_grad_norm(self) -> torch.Tensor:  # noqa: N802 (apex's name)
+        """Global L2 norm of the gradients, unscaled by the global scale when one is set."""
+        if self._global_scale is not None and not self._unscaled:
+            return self.grad_norm() / torch.as_tensor(self._global_scale, dtype=torch.float32, device=self.device)
+        return self.grad_norm()
+
+    def complete_reductions(self) -> None:
+        """Finish reducing every gradient (``grad_sync``)."""
+        self.grad_sync()
+
+    def set_is_accumulation_step(self, is_accumulation_step: bool) -> None:
+        """While True, backward passes accumulate gradients without reducing them (``no_sync``)."""
+        self._ensure_layout(param_buffer=False)
+        self._grads.accumulate_only = is_accumulation_step
+
+    def _found_inf(self, grad_scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
+        if self._global_scale is None or self._unscaled:
+            return super()._found_inf(grad_scaler)
+        # apex's protocol: the global scale unscales, a GradScaler only learns whether to skip.
+        inv_scale = torch.as_tensor(self._global_scale, dtype=torch.float64, device=self.device).reciprocal()
+        per_device = self.unscale_grads(inv_scale=inv_scale.float())
+        if grad_scaler is None or not grad_scaler.is_enabled():
+            return None
+        scaler_state = grad_scaler._per_optimizer_states[id(self)]
+        scaler_state["found_inf_per_device"] = per_device
+        scaler_state["stage"] = torch.amp.grad_scaler.OptState.UNSCALED
+        return per_device[self.device]
+
+    # -- the update -----------------------------------------------------------------------
+
+    def _step_buckets(self) -> None:
+        global_norm = self.grad_norm().reshape(1)  # of the unscaled (and clipped) gradients
+        works = [self._begin(bucket, grads_dtype=torch.float32) for bucket in range(len(self._buckets))]
+        launches = []
+        for index, group in enumerate(self.param_groups):
+            lists, params = group_lists(works, index)
+            if lists[0]:
+                if index not in self._owners:  # the layout is fixed: so is which parameter each fragment is of
+                    self._owners[index] = torch.tensor(params, dtype=torch.int64, device=self.device)
+                launches.append((group, lists, self._owners[index]))
+        # Every rank joins both norm reductions, also one whose shards hold no fragment.
+        param_norms = self._per_param_norms([(lists[1], params) for _, lists, params in launches])
+        for group, lists, _ in launches:
+            self._moments(group, lists, global_norm)
+        update_norms = self._per_param_norms([(lists[0], params) for _, lists, params in launches])
+        for group, lists, params in launches:
+            multi_tensor_applier(
+                amp_c().multi_tensor_lamb_stage2_cuda, self._noop_flag, [lists[1], lists[0]],
+                param_norms.index_select(0, params), update_norms.index_select(0, params), float(group["lr"]),
+                group["weight_decay"], self.use_nvlamb,
+            )  # fmt: skip
+        # Every shard is updated before the first all-gather: the pipeline only gathers.
+        self._gather_pipeline(self._bucket_batches(), lambda batch: [works[b] for b in batch])
+
+    def _moments(self, group: dict[str, Any], lists: list[list[torch.Tensor]], global_norm: torch.Tensor) -> None:
+        """LAMB's first stage: moments and update direction, written over the gradients (float32).
+
+        With every option of LAMB: the gradient scale, clipping by ``global_norm``, L2 or
+        decoupled decay, (1 - beta1) averaging, bias correction. amp_C's whole-step LAMB keeps
+        its update direction to itself and its stage-1 kernel lacks these options, so this stage
+        is a handful of foreach launches; the trust ratio needs norms of whole parameters, which
+        only exist once the ranks' fragment norms are summed, and the stage-2 kernel applies it.
+        With the no-op flag set (a capturable step that overflowed) the moments are kept.
+        """
+        grads, params, exp_avgs, exp_avg_sqs = lists
+        beta1, beta2 = group["betas"]
+        decay = group["weight_decay"]
+        scale = self._grad_scale.reshape(())
+        if group["max_grad_norm"] > 0:
+            scale = scale / torch.clamp(global_norm.reshape(()).float() / group["max_grad_norm"], min=1.0)
+        scaled = torch._foreach_mul(grads, scale)
+        if decay != 0 and not self.adam_w_mode:
+            torch._foreach_add_(scaled, params, alpha=decay)
+        keep = (self._noop_flag == 0).float().reshape(())
+        averaged = 1.0 - beta1 if group["grad_averaging"] else 1.0
+        new_avgs = torch._foreach_add(torch._foreach_mul(exp_avgs, beta1), scaled, alpha=averaged)
+        new_sqs = torch._foreach_addcmul(torch._foreach_mul(exp_avg_sqs, beta2), scaled, scaled, value=1.0 - beta2)
+        torch._foreach_lerp_(exp_avgs, new_avgs, keep)  # weight 1 gives exactly the new value
+        torch._foreach_lerp_(exp_avg_sqs, new_sqs, keep)
+        step = self._step_tensor.reshape(())
+        if group["bias_correction"]:
+            first, second = 1.0 - torch.pow(beta1, step), 1.0 - torch.pow(beta2, step)
+        else:
+            first = second = torch.ones((), dtype=torch.float32, device=step.device)
+        denominators = torch._foreach_add_(torch._foreach_sqrt(torch._foreach_div(exp_avg_sqs, second)), group["eps"])
+        updates = torch._foreach_div(torch._foreach_div(exp_avgs, first), denominators)
+        if decay != 0 and self.adam_w_mode:
+            torch._foreach_add_(updates, params, alpha=decay)
+        torch._foreach_copy_(grads, updates)
+
+    def _per_param_norms(self, pieces: list[tuple[list[torch.Tensor], torch.Tensor]]) -> torch.Tensor:
+        """L2 norm of each whole parameter, from the fragments ``pieces`` = [(tensors, their
+        parameters)] this rank holds: squared fragment norms summed per parameter and over ranks."""
+        squares = torch.zeros(len(self._all_params), dtype=torch.float32, device=self.device)
+        tensors = [t for group_tensors, _ in pieces for t in group_tensors]
+        if tensors:
+            owners = torch.cat([params for _, params in pieces])
+            norms = multi_tensor_applier(amp_c().multi_tensor_l2norm, self._norm_flag, [tensors], True)[1]
+            squares.index_add_(0, owners, norms.float().square())
+        return self._shard_group.sum(squares).sqrt()

@@ -1,0 +1,89 @@
+"""Cold JIT build time of every op (or the ones named), each in a fresh cache, one after another.
+
+    python benchmarks/build/bench_compile_time.py [OP ...] [--jobs N]
+
+Each op is built by a fresh Python process that imports torch and calls apex's loader with an
+empty cache, so the time is what a user waits on first use: the wall time of the build itself
+(from the cache entry's metadata) and, from ninja's log, the slowest translation units. With a
+GPU visible the CUDA kernels are built for the visible GPUs' archs (TORCH_CUDA_ARCH_LIST
+overrides); without one only the C++ sources. A trivial torch extension (one C++ function through
+torch.utils.cpp_extension.load_inline) is timed the same way first: the yardstick the op builds
+are held to. Results in NOTES.md beside this file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+TRIVIAL = """
+import sys, time, torch
+from torch.utils.cpp_extension import load_inline
+start = time.monotonic()
+load_inline(name="apex_trivial_extension", cpp_sources="at::Tensor twice(at::Tensor x) { return x * 2; }",
+            functions=["twice"], build_directory=sys.argv[1])
+print(time.monotonic() - start)
+"""
+
+BUILD_ONE = """
+import sys, time, torch
+from apex._ops import ops
+start = time.monotonic()
+ops(sys.argv[1])
+print(time.monotonic() - start)
+"""
+
+
+def _run(code: str, *args: str, env: dict) -> float:
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"build failed ({args}):\n{out.stderr[-3000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _slowest_units(cache: Path, count: int = 3) -> str:
+    """'file seconds' of the slowest compile steps, from the ninja log of the op's cache entry."""
+    rows = []
+    for log in cache.rglob(".ninja_log"):
+        for line in log.read_text().splitlines()[1:]:
+            start, end, _, output, _ = line.split("\t")
+            rows.append(((int(end) - int(start)) / 1000, Path(output).name))
+    rows.sort(reverse=True)
+    return ", ".join(f"{name} {seconds:.1f}" for seconds, name in rows[:count])
+
+
+def main() -> int:
+    from apex.op_builder import all_builders
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("ops", nargs="*", help="op names (default: all)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="MAX_JOBS for ninja (default: all cores)")
+    args = parser.parse_args()
+    names = args.ops or list(all_builders())
+    env = dict(os.environ, MAX_JOBS=str(args.jobs), PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "compatibility")]))
+    import torch
+
+    target = "GPU " + (os.environ.get("TORCH_CUDA_ARCH_LIST") or "visible archs") if torch.cuda.is_available() else "CPU only"
+    print(f"# cold JIT builds, {os.cpu_count()} cores, MAX_JOBS={args.jobs}, {target}, torch {torch.__version__}")
+    with tempfile.TemporaryDirectory() as scratch:
+        trivial = _run(TRIVIAL, str(Path(scratch) / "trivial"), env=env)
+        print(f"{'op':<36} {'seconds':>8} {'x trivial':>9}  slowest units (s)")
+        print(f"{'(trivial torch extension)':<36} {trivial:>8.1f} {1.0:>9.2f}")
+        for name in names:
+            cache = Path(scratch) / f"cache-{name}"
+            cache.mkdir(mode=0o700)
+            seconds = _run(BUILD_ONE, name, env=dict(env, APEX_CACHE_DIR=str(cache)))
+            print(f"{name:<36} {seconds:>8.1f} {seconds / trivial:>9.2f}  {_slowest_units(cache)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""GroupNorm + SiLU on channels_last (NHWC) data: apex.contrib.group_norm beside torch's
+F.group_norm (+ F.silu) on the same channels_last tensors, eager and torch.compile, forward and
+forward+backward; one NCHW row for comparison.
+
+Bytes that must move: forward reads x and writes y (2 passes of x's bytes); backward reads x and
+dy and writes dx (3 more). Parameter traffic is O(C), ignored. Timing: CUDA-graph replays of 10
+back-to-back calls (device time). Target (issue 16): >= 85 % of copy bandwidth on NHWC.
+
+    python benchmarks/contrib/bench_group_norm.py
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from _side_by_side import compare, compiled, new_table, require_gpu
+
+from apex.contrib.group_norm import group_norm
+
+# (dtype, layout, N, C, H, W, groups): Stable-Diffusion UNet blocks at 64x64 latents, batch 16, over
+# the block sizes, and NCHW once (few cases: each costs a torch.compile; fp16 runs as bf16 does).
+CASES = [("bf16", "nhwc", 16, 320, 64, 64, 32), ("bf16", "nhwc", 16, 640, 32, 32, 32),
+         ("fp16", "nhwc", 16, 1280, 16, 16, 32), ("bf16", "nchw", 16, 320, 64, 64, 32)]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+LAYOUTS = {"nhwc": torch.channels_last, "nchw": torch.contiguous_format}
+
+
+def make_impls(groups):
+    def torch_gn(x, w, b):
+        return F.silu(F.group_norm(x, groups, w, b, 1e-5))
+
+    def apex_gn(x, w, b):
+        return group_norm(x, groups, w, b, 1e-5, "silu")
+
+    return {"apex": apex_gn, "torch": torch_gn, "torch.compile": compiled(torch_gn)}
+
+
+def main() -> None:
+    require_gpu(__file__)
+    table = new_table("group norm + SiLU, fp32 weights")
+    for name, layout, n, c, h, w, groups in CASES:
+        x = torch.randn(n, c, h, w, device="cuda", dtype=DTYPES[name]).to(memory_format=LAYOUTS[layout])
+        x.requires_grad_()
+        weight = torch.randn(c, device="cuda", requires_grad=True)
+        bias = torch.randn(c, device="cuda", requires_grad=True)
+        size = x.numel() * x.element_size()
+        compare(table, f"{name} {layout} {n}x{c}x{h}x{w}", make_impls(groups), (x, weight, bias), 2 * size, 5 * size)
+    table.print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""index_mul_2d (in1[idx] * in2: per-edge features times gathered per-node features, as in
+message-passing force fields): apex.contrib.index_mul_2d beside torch eager and torch.compile,
+forward and forward+backward.
+
+Bytes that must move, for in1 [nodes, F], in2 [edges, F], idx [edges]: forward reads in2, idx and
+in1 (each gathered row once) and writes out; backward also reads grad_out, in2, in1 and idx and
+writes grad_in2 and grad_in1. Timing: CUDA-graph replays of 10 back-to-back calls (device time).
+Target (issue 16): >= 85 % of copy bandwidth.
+
+    python benchmarks/contrib/bench_index_mul_2d.py
+"""
+from __future__ import annotations
+
+import torch
+
+from _side_by_side import compare, compiled, new_table, require_gpu
+
+from apex.contrib.index_mul_2d import index_mul_2d
+
+NODES, EDGES, FEATURES = 50_000, 2_000_000, 64
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def torch_index_mul(in1, in2, idx):
+    return in1[idx] * in2
+
+
+def main() -> None:
+    require_gpu(__file__)
+    table = new_table(f"index_mul_2d, {NODES} nodes, {EDGES} edges, {FEATURES} features")
+    for name, dtype in DTYPES.items():
+        in1 = torch.randn(NODES, FEATURES, device="cuda", dtype=dtype, requires_grad=True)
+        in2 = torch.randn(EDGES, FEATURES, device="cuda", dtype=dtype, requires_grad=True)
+        idx = torch.randint(0, NODES, (EDGES,), device="cuda")
+        edge_bytes, node_bytes = in2.numel() * in2.element_size(), in1.numel() * in1.element_size()
+        index_bytes = idx.numel() * idx.element_size()
+        forward = 2 * edge_bytes + node_bytes + index_bytes
+        backward = 3 * edge_bytes + 2 * node_bytes + index_bytes
+        impls = {"apex": index_mul_2d, "torch": torch_index_mul, "torch.compile": compiled(torch_index_mul)}
+        compare(table, name, impls, (in1, in2, idx), forward, forward + backward)
+    table.print()
+
+
+if __name__ == "__main__":
+    main()

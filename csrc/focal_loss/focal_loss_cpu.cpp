@@ -1,0 +1,77 @@
+// focal_loss: CPU kernels. Rows are cut into fixed chunks (not per thread), each summed into its own
+// partial and the partials added in order, so the loss does not depend on the thread count.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "apex/acc_type.h"
+#include "focal_loss.h"
+#include "focal_loss_math.h"
+
+namespace apex::focal_loss {
+namespace {
+
+// Logits per chunk: enough work per task that scheduling costs nothing next to it.
+constexpr int64_t kChunkElements = 1 << 15;
+
+int64_t rows_per_chunk(const Problem& p) { return std::max<int64_t>(1, kChunkElements / std::max<int64_t>(p.classes, 1)); }
+
+int64_t chunks(const Problem& p) { return (p.rows + rows_per_chunk(p) - 1) / rows_per_chunk(p); }
+
+}  // namespace
+
+int64_t partials_size(const Cpu&, const Problem& p) { return chunks(p); }
+
+void forward(const Cpu&, const Problem& p, void* partials, void* loss) {
+  dispatch_floating(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using Acc = acc_type<T>;
+    const T* logits = static_cast<const T*>(p.logits);
+    Acc* sums = static_cast<Acc*>(partials);
+    const int64_t per_chunk = rows_per_chunk(p), count = chunks(p);
+    at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        Acc sum = 0;
+        for (int64_t row = chunk * per_chunk; row < std::min(p.rows, (chunk + 1) * per_chunk); ++row) {
+          const int64_t label = p.labels[row];
+          if (label == kIgnored) continue;
+          for (int64_t j = 0; j < p.real_classes; ++j) {
+            sum += focal_element<false, Acc>(static_cast<Acc>(logits[row * p.classes + j]), j == label, p.alpha,
+                                             p.gamma, p.smoothing)
+                       .loss;
+          }
+        }
+        sums[chunk] = sum;
+      }
+    });
+    Acc total = 0;
+    for (int64_t chunk = 0; chunk < count; ++chunk) total += sums[chunk];
+    *static_cast<Acc*>(loss) = total / static_cast<Acc>(*p.num_positives_sum);
+  });
+}
+
+void backward(const Cpu&, const Problem& p, const void* grad_loss, void* grad_out) {
+  dispatch_floating(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using Acc = acc_type<T>;
+    const T* logits = static_cast<const T*>(p.logits);
+    T* grad = static_cast<T*>(grad_out);
+    const Acc scale = *static_cast<const Acc*>(grad_loss) / static_cast<Acc>(*p.num_positives_sum);
+    at::parallel_for(0, p.rows, rows_per_chunk(p), [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const int64_t label = p.labels[row];
+        T* out = grad + row * p.classes;
+        for (int64_t j = 0; j < p.classes; ++j) {
+          const bool counted = label != kIgnored && j < p.real_classes;
+          out[j] = counted ? static_cast<T>(scale * focal_element<true, Acc>(static_cast<Acc>(logits[row * p.classes + j]),
+                                                                             j == label, p.alpha, p.gamma, p.smoothing)
+                                                        .grad)
+                           : T(0);
+        }
+      }
+    });
+  });
+}
+
+}  // namespace apex::focal_loss

@@ -1,0 +1,90 @@
+#pragma once
+// Launch planning that asks the CUDA runtime: the limits of a device, and how many blocks of a kernel
+// an SM holds. Each answer is asked once and cached (per device; per kernel, block size and shared
+// memory): the runtime queries cost microseconds, which a per-call launch decision cannot afford.
+//
+//   const cuda::DeviceLimits& limits = cuda::device_limits(device.device);
+//   const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads,
+//                                                  dynamic_shared_bytes, device.device);
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "apex/cuda.cuh"
+
+namespace apex::cuda {
+
+inline void check(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) throw std::runtime_error(std::string("apex: ") + what + ": " + cudaGetErrorString(error));
+}
+
+// What launch planning needs to know about a device.
+struct DeviceLimits {
+  int sms = 1;
+  int warp_size = 32;
+  size_t shared_per_block_optin = 0;     // shared memory one block may use once a kernel opts in
+  size_t shared_per_sm = 0;
+  size_t reserved_shared_per_block = 0;  // what the system keeps of an SM's shared memory per resident block
+};
+
+inline const DeviceLimits& device_limits(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag asked[kMaxDevices];
+  static DeviceLimits limits[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) throw std::out_of_range("apex: device index out of range");
+  std::call_once(asked[device], [device] {
+    const auto attribute = [device](cudaDeviceAttr what) {
+      int value = 0;
+      check(cudaDeviceGetAttribute(&value, what, device), "cudaDeviceGetAttribute");
+      return value;
+    };
+    DeviceLimits& l = limits[device];
+    l.sms = std::max(attribute(cudaDevAttrMultiProcessorCount), 1);
+    l.warp_size = attribute(cudaDevAttrWarpSize);
+    l.shared_per_block_optin = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    l.shared_per_sm = attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+    l.reserved_shared_per_block = attribute(cudaDevAttrReservedSharedMemoryPerBlock);
+  });
+  return limits[device];
+}
+
+// Shared memory a block gets without opting in.
+constexpr size_t kDefaultSharedPerBlock = 48 * 1024;
+
+// How many blocks of `kernel` (threads per block, dynamic shared memory) an SM of `device` holds at
+// once, at least 1. A kernel asked about with more than kDefaultSharedPerBlock of dynamic shared
+// memory is opted in to all the device allows, so that it can then be launched with that much.
+// `device` must be the current device.
+inline int resident_blocks_per_sm(const void* kernel, int threads, size_t dynamic_shared, int device) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t, int>, int> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [entry, fresh] = cache.try_emplace({kernel, threads, dynamic_shared, device}, 0);
+  if (fresh) {
+    try {
+      if (dynamic_shared > kDefaultSharedPerBlock) {
+        cudaFuncAttributes attributes;
+        check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+        const size_t allowed = device_limits(device).shared_per_block_optin - attributes.sharedSizeBytes;
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(allowed)),
+              "cudaFuncSetAttribute");
+      }
+      int blocks = 0;
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic_shared),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      entry->second = std::max(blocks, 1);
+    } catch (...) {
+      cache.erase(entry);  // ask again next time rather than remember a failure
+      throw;
+    }
+  }
+  return entry->second;
+}
+
+}  // namespace apex::cuda

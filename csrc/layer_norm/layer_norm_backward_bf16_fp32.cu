@@ -1,0 +1,6 @@
+// LayerNorm / RMSNorm backward kernels for bfloat16 data with float32 parameters (one dtype pair per file: they compile in parallel).
+#include "layer_norm_backward.cuh"
+
+namespace apex::layer_norm {
+template void backward_typed<c10::BFloat16, float>(const Cuda&, const BackwardArgs&, const Scratch&);
+}  // namespace apex::layer_norm

@@ -1,0 +1,150 @@
+"""apex.contrib.focal_loss against a float64 PyTorch reference on CPU and (marker gpu) CUDA: loss and
+gradient over dtypes, odd and padded class counts, background / ignored anchors, label smoothing,
+NVIDIA apex's module face, tracing, and bad input."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.library import opcheck
+
+import focal_loss_cuda
+from apex.contrib.focal_loss import focal_loss
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+LOSS_TOL = {torch.float32: 2e-5, torch.float16: 2e-5, torch.bfloat16: 2e-5, torch.float64: 1e-10}
+GRAD_TOL = {torch.float32: (2e-5, 1e-7), torch.float16: (2e-3, 1e-6), torch.bfloat16: (1.6e-2, 1e-5),
+            torch.float64: (1e-10, 1e-14)}
+
+
+def reference(logits, targets, num_positives, real_classes, alpha, gamma, smoothing):
+    """The loss in float64 by plain autograd-able torch ops."""
+    x = logits[..., :real_classes].double()
+    positive = (targets.unsqueeze(-1) == torch.arange(real_classes, device=x.device))
+    target = positive.double() * (1 - smoothing) + smoothing / 2  # 1 - s/2 for the positive class, s/2 else
+    p = torch.sigmoid(x)
+    bce = F.binary_cross_entropy_with_logits(x, target, reduction="none")
+    factor = torch.where(positive, alpha * (1 - p) ** gamma, (1 - alpha) * p ** gamma)
+    loss = (factor * bce).masked_fill((targets == -2).unsqueeze(-1), 0.0)
+    return loss.sum() / num_positives.double().reshape(())
+
+
+def make(shape, classes, dtype, device):
+    logits = (2 * torch.randn(*shape, classes, dtype=torch.float64)).to(dtype).to(device)
+    targets = torch.randint(-2, classes - 1 if classes > 1 else 1, shape).to(device)
+    num_positives = (targets >= 0).sum().float().clamp(min=1).reshape(1)
+    return logits, targets, num_positives
+
+
+def check(logits, targets, num_positives, real_classes, alpha=0.25, gamma=2.0, smoothing=0.0):
+    dtype = logits.dtype
+    x = logits.detach().requires_grad_()
+    loss = focal_loss.focal_loss(x, targets, num_positives, real_classes, alpha, gamma, smoothing)
+    assert loss.dim() == 0 and loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    expected_x = logits.detach().double().requires_grad_()
+    expected = reference(expected_x, targets, num_positives, real_classes, alpha, gamma, smoothing)
+    torch.testing.assert_close(loss.double(), expected.detach(), rtol=LOSS_TOL[dtype], atol=LOSS_TOL[dtype])
+    grad = torch.rand((), dtype=torch.float64) + 0.5
+    loss.backward(grad.to(loss))
+    expected.backward(grad)
+    rtol, atol = GRAD_TOL[dtype]
+    assert x.grad.dtype == dtype
+    torch.testing.assert_close(x.grad.double(), expected_x.grad, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,classes,real", [((1,), 1, 1), ((7,), 5, 5), ((3, 40), 96, 91), ((513,), 8, 8),
+                                                 ((2, 3, 17), 33, 30)])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_matches_torch(device, dtype, shape, classes, real, smoothing):
+    logits, targets, num_positives = make(shape, classes, dtype, device)
+    check(logits, targets, num_positives, real, smoothing=smoothing)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("alpha,gamma", [(0.25, 0.0), (0.5, 1.0), (0.9, 3.5)])
+def test_alpha_gamma(device, alpha, gamma):
+    logits, targets, num_positives = make((64,), 16, torch.float32, device)
+    check(logits, targets, num_positives, 16, alpha=alpha, gamma=gamma)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_large_logits_stay_finite(device):
+    logits = torch.tensor([[80.0, -80.0, 0.0, 30.0], [-100.0, 100.0, 5.0, -5.0]], device=device)
+    targets = torch.tensor([0, -1], device=device)
+    check(logits, targets, torch.ones(1, device=device), 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty(device):
+    logits = torch.randn(0, 8, device=device, requires_grad=True)
+    loss = focal_loss.focal_loss(logits, torch.zeros(0, dtype=torch.long, device=device), torch.ones(1, device=device),
+                                 8, 0.25, 2.0)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert logits.grad.shape == (0, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_logits(device):
+    wide, targets, num_positives = make((40,), 24, torch.float32, device)
+    check(wide[:, 3:19], targets.clamp(max=15), num_positives, 16)
+    check(wide.t().contiguous().t(), targets, num_positives, 24)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_historical_module_and_apply(device):
+    logits, targets, num_positives = make((10,), 8, torch.float32, device)
+    loss, partial_grad = focal_loss_cuda.forward(logits, targets, num_positives, 8, 0.25, 2.0, 0.0)
+    x = logits.double().requires_grad_()
+    expected = reference(x, targets, num_positives, 8, 0.25, 2.0, 0.0)
+    expected.backward()
+    torch.testing.assert_close(loss.double(), expected.detach(), rtol=2e-5, atol=2e-5)
+    grad = focal_loss_cuda.backward(torch.tensor(1.0, device=device), partial_grad, num_positives)
+    assert grad.data_ptr() == partial_grad.data_ptr()  # in place, as in NVIDIA apex
+    torch.testing.assert_close(grad.double(), x.grad, rtol=2e-5, atol=1e-7)
+    torch.testing.assert_close(
+        focal_loss.FocalLoss.apply(logits, targets, num_positives, 8, 0.25, 2.0, 0.0), loss)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_raises_before_launch(device):
+    logits, targets, num_positives = make((6,), 4, torch.float32, device)
+    cases = [
+        ((logits.long(), targets, num_positives, 4), "cls_output must be float32"),
+        ((logits, targets[:5], num_positives, 4), "cls_targets_at_level must have cls_output's shape"),
+        ((logits, targets.int(), num_positives, 4), "cls_targets_at_level must be int64"),
+        ((logits, targets, num_positives.double(), 4), "num_positives_sum must be a float32 tensor of one element"),
+        ((logits, targets, torch.ones(2, device=device), 4), "num_positives_sum must be a float32"),
+        ((logits, targets, num_positives, 5), r"num_real_classes must be in \[0, 4\]"),
+        ((logits, targets.cpu() if device == "cuda" else targets.to("meta"), num_positives, 4),
+         "cls_targets_at_level is on"),
+    ]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            focal_loss.focal_loss(*args, 0.25, 2.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiles_with_fullgraph(device, dynamic):
+    torch._dynamo.reset()
+
+    def loss_fn(x, t, n):
+        return focal_loss.focal_loss(x * 1.5, t, n, 6, 0.25, 2.0, 0.05)
+
+    compiled = torch.compile(loss_fn, fullgraph=True, dynamic=dynamic)
+    for anchors in (10, 13):
+        logits, targets, num_positives = make((anchors,), 8, torch.float32, device)
+        x1, x2 = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+        compiled(x1, targets, num_positives).backward()
+        loss_fn(x2, targets, num_positives).backward()
+        torch.testing.assert_close(x1.grad, x2.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    logits, targets, num_positives = make((9,), 8, torch.float32, device)
+    opcheck(torch.ops.apex.focal_loss_forward, (logits.requires_grad_(), targets, num_positives, 7, 0.25, 2.0, 0.1))
+    opcheck(torch.ops.apex.focal_loss_backward,
+            (torch.tensor(0.5, device=device), logits.detach(), targets, num_positives, 7, 0.25, 2.0, 0.1))

@@ -1,0 +1,275 @@
+"""fused_rotary_positional_embedding ops and apex.transformer.functional.fused_rope against the unfused
+PyTorch composite (Megatron's reference), on CPU and (marker gpu) CUDA: sbhd/bshd and any strides,
+partial rotary dims, interleaved pairs, start positions, float32 or 16-bit tables, thd, 2-D, the
+historical module, tracing and bad input."""
+import itertools
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import fused_rotary_positional_embedding
+from apex.transformer.functional import (
+    fused_apply_rotary_pos_emb,
+    fused_apply_rotary_pos_emb_2d,
+    fused_apply_rotary_pos_emb_cached,
+    fused_apply_rotary_pos_emb_thd,
+)
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# 16-bit results are the composite's own roundings (equal but for a last-ulp cos/sin difference
+# between libraries); float32 differs by FMA contraction.
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def rotate(x, interleaved):
+    if interleaved:
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.stack((-x2, x1), dim=-1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def reference(t, cos, sin, interleaved=False):
+    """Megatron's unfused RoPE in t's dtype: t * cos + rotate(t) * sin on the first d2 dims."""
+    d2 = cos.shape[-1]
+    rot, rest = t[..., :d2], t[..., d2:]
+    return torch.cat((rot * cos.to(t.dtype) + rotate(rot, interleaved) * sin.to(t.dtype), rest), dim=-1)
+
+
+def check(actual, expected, dtype):
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def layouts(t):
+    """t [s, b, h, d] as itself, with bshd memory, and with a non-unit d stride."""
+    return {"sbhd": t, "bshd_memory": t.transpose(0, 1).contiguous().transpose(0, 1),
+            "d_strided": t.transpose(2, 3).contiguous().transpose(2, 3)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cached", [False, True])
+def test_sbhd_forward_backward(device, dtype, cached):
+    s, b, h = 7, 2, 3
+    for d, d2, interleaved, table_dtype in itertools.product([16, 64], [8, 16], [False, True], [torch.float32, dtype]):
+        freqs = torch.randn(s + 3, 1, 1, d2, device=device).to(table_dtype)  # a table longer than s is fine
+        cos, sin = freqs.float().cos().to(table_dtype), freqs.float().sin().to(table_dtype)
+        for name, t in layouts(torch.randn(s, b, h, d, device=device).to(dtype)).items():
+            for transpose in (False, True):
+                t = t.detach().requires_grad_()
+                if cached:
+                    out = fused_apply_rotary_pos_emb_cached(t, cos, sin, transpose, interleaved=interleaved)
+                else:
+                    out = fused_apply_rotary_pos_emb(t, freqs, transpose, interleaved=interleaved)
+                expected = reference(t, cos[:s], sin[:s], interleaved)
+                check(out, expected, dtype)
+                assert out.transpose(0, 1).is_contiguous() is transpose, name
+                g = torch.randn_like(out)
+                check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_cached_tables_match_the_composite_exactly(device, dtype):
+    t = torch.randn(9, 2, 4, 32, device=device).to(dtype)
+    angles = torch.randn(9, 1, 1, 32, device=device)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    assert torch.equal(fused_apply_rotary_pos_emb_cached(t, cos, sin), reference(t, cos, sin))
+    g = torch.randn_like(t)
+    (grad,) = torch.autograd.grad(fused_apply_rotary_pos_emb_cached(t.requires_grad_(), cos, sin), t, g)
+    assert torch.equal(grad, torch.autograd.grad(reference(t, cos, sin), t, g)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bshd_format_and_start_positions(device, dtype):
+    b, s, h, d = 3, 6, 2, 32
+    freqs = torch.randn(20, 1, 1, d, device=device)
+    t = torch.randn(b, s, h, d, device=device).to(dtype).requires_grad_()
+    start = torch.tensor([0, 5, 14], device=device)
+    out = fused_apply_rotary_pos_emb(t, freqs, tensor_format="bshd", start_positions=start)
+    assert out.shape == t.shape and out.is_contiguous()
+    rows = torch.stack([freqs[p:p + s, 0] for p in start.tolist()])  # [b, s, 1, d]
+    expected = reference(t, rows.cos(), rows.sin())
+    check(out, expected, dtype)
+    g = torch.randn_like(out)
+    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+    # the same through the cached tables, int32 offsets, and the bshd output laid out sbhd
+    out = fused_apply_rotary_pos_emb_cached(t, freqs.cos(), freqs.sin(), True, tensor_format="bshd",
+                                            start_positions=start.int())
+    assert out.transpose(0, 1).is_contiguous()
+    check(out, expected, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_thd(device, dtype, interleaved):
+    cu_seqlens = torch.tensor([0, 5, 5, 12, 20], dtype=torch.int32, device=device)  # with an empty sequence
+    h, d, d2 = 3, 16, 8
+    t = torch.randn(23, h, d, device=device).to(dtype).requires_grad_()  # tokens 20..22: in no sequence
+    freqs = torch.randn(10, 1, 1, d2, device=device)
+    out = fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, interleaved=interleaved)
+    pieces = []
+    for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+        f = freqs[: end - start, 0]
+        pieces.append(reference(t[start:end], f.cos(), f.sin(), interleaved))
+    expected = torch.cat(pieces + [t[20:]])
+    check(out, expected, dtype)
+    g = torch.randn_like(out)
+    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_2d(device, dtype):
+    b, img_h, img_w, h, d = 2, 3, 5, 2, 16
+    t = torch.randn(b, img_h * img_w, h, d, device=device).to(dtype)
+    t = t.transpose(2, 3).contiguous().transpose(2, 3).requires_grad_()  # non-unit d stride
+    emb_h, emb_w = torch.randn(1, img_h + 2, 1, d // 2, device=device), torch.randn(1, img_w, 1, d // 2, device=device)
+    cos_h, sin_h, cos_w, sin_w = emb_h.cos().to(dtype), emb_h.sin().to(dtype), emb_w.cos(), emb_w.sin()
+    out = fused_apply_rotary_pos_emb_2d(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w)
+    q = t.view(b, img_h, img_w, h, d)
+    rows = reference(q[..., : d // 2], cos_h[:, :img_h].unsqueeze(2), sin_h[:, :img_h].unsqueeze(2))
+    cols = reference(q[..., d // 2:], cos_w[:, :img_w].unsqueeze(1), sin_w[:, :img_w].unsqueeze(1))
+    expected = torch.cat((rows, cols), -1).view(b, img_h * img_w, h, d)
+    check(out, expected, dtype)
+    g = torch.randn_like(out)
+    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_historical_module(device):
+    t = torch.randn(5, 2, 3, 8, device=device)
+    freqs = torch.randn(5, 1, 1, 8, device=device)
+    g = torch.randn_like(t)
+    m = fused_rotary_positional_embedding
+    check(m.forward(t, freqs, False), reference(t, freqs.cos(), freqs.sin()), torch.float32)
+    expected_grad = torch.autograd.grad(reference(t.requires_grad_(), freqs.cos(), freqs.sin()), t, g)[0]
+    check(m.backward(g, freqs, False), expected_grad, torch.float32)
+    check(m.backward_cached(g, freqs.cos(), freqs.sin(), True), expected_grad, torch.float32)
+    cu = torch.tensor([0, 5], dtype=torch.int32, device=device)
+    check(m.backward_thd(g[:, 0], cu, freqs), expected_grad[:, 0], torch.float32)
+    image = t.detach().view(1, 5, 2, 3, 8)  # [b=1, ih=5, iw=2, h=3, d=8]
+    tables = [freqs.view(1, 5, 1, 8)[..., :4].cos(), freqs.view(1, 5, 1, 8)[..., :4].sin()] * 2
+    assert m.forward_2d(image, *tables).shape == (1, 10, 3, 8)
+    assert m.backward_2d(image, *tables).shape == (1, 10, 3, 8)
+    assert {"forward", "backward", "forward_cached", "backward_cached", "forward_thd", "backward_thd", "forward_2d",
+            "backward_2d"} <= set(dir(m))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_and_pass_through_only(device):
+    t = torch.randn(0, 2, 3, 8, device=device)
+    assert fused_apply_rotary_pos_emb(t, torch.randn(4, 1, 1, 8, device=device)).shape == t.shape
+    t = torch.randn(4, 2, 3, 8, device=device)
+    assert torch.equal(fused_apply_rotary_pos_emb(t, torch.randn(4, 1, 1, 0, device=device)), t)  # nothing rotated
+    assert fused_apply_rotary_pos_emb_thd(t[:0, 0], torch.zeros(1, dtype=torch.int32, device=device),
+                                          torch.randn(4, 1, 1, 8, device=device)).shape == (0, 3, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_raises_before_launch(device):
+    t = torch.randn(4, 2, 3, 8, device=device)
+    freqs = torch.randn(4, 1, 1, 8, device=device)
+    op = torch.ops.apex.fused_rope_forward
+    fused_apply_rotary_pos_emb(t, freqs)  # loads the library
+    with pytest.raises(RuntimeError, match="must be float32, float16 or bfloat16"):
+        op(t.double(), freqs)
+    with pytest.raises(RuntimeError, match="must be 4-D"):
+        op(t[0], freqs)
+    with pytest.raises(RuntimeError, match=r"must have shape \[positions, 1, 1, rotary dims\]"):
+        op(t, freqs.view(4, 1, 8, 1))
+    with pytest.raises(RuntimeError, match="must be float32 or Float"):
+        op(t, freqs.double())
+    with pytest.raises(RuntimeError, match="must be even and at most the head dim"):
+        op(t, torch.randn(4, 1, 1, 10, device=device))
+    with pytest.raises(RuntimeError, match="must be even and at most the head dim"):
+        op(t, freqs[..., :5])
+    with pytest.raises(RuntimeError, match="has 3 positions but the input has s = 4"):
+        op(t, freqs[:3])
+    with pytest.raises(RuntimeError, match="freqs is on meta"):
+        op(t, freqs.to("meta"))
+    with pytest.raises(RuntimeError, match="start_positions must be int32 or int64"):
+        op(t, freqs, start_positions=torch.zeros(2, device=device))
+    with pytest.raises(RuntimeError, match="sin must match cos"):
+        torch.ops.apex.fused_rope_forward_cached(t, freqs, freqs[:2])
+    with pytest.raises(RuntimeError, match="cu_seqlens must be int32"):
+        torch.ops.apex.fused_rope_forward_thd(t[:, 0], torch.zeros(2, device=device), freqs)
+    with pytest.raises(RuntimeError, match="multiple of 4"):
+        torch.ops.apex.fused_rope_forward_2d(torch.randn(1, 2, 2, 1, 6, device=device), *[freqs.view(1, 4, 1, 8)[..., :3]] * 4)
+    with pytest.raises(RuntimeError, match="cos_w must have shape"):
+        torch.ops.apex.fused_rope_forward_2d(torch.randn(1, 2, 5, 1, 8, device=device), *[freqs.view(1, 4, 1, 8)[..., :4]] * 4)
+    with pytest.raises(ValueError, match="tensor_format"):
+        fused_apply_rotary_pos_emb(t, freqs, tensor_format="hsbd")
+
+
+def test_position_outside_the_table_raises_on_cpu():
+    t = torch.randn(4, 2, 3, 8)
+    with pytest.raises(RuntimeError, match="outside the table"):
+        fused_apply_rotary_pos_emb(t, torch.randn(6, 1, 1, 8), start_positions=torch.tensor([0, 3]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    t = torch.randn(5, 2, 3, 8, device=device, requires_grad=True)
+    freqs = torch.randn(6, 1, 1, 4, device=device)
+    start = torch.tensor([0, 1], device=device)
+    opcheck(torch.ops.apex.fused_rope_forward, (t, freqs, True), {"interleaved": True, "start_positions": start})
+    opcheck(torch.ops.apex.fused_rope_backward, (t.detach(), freqs, False))
+    opcheck(torch.ops.apex.fused_rope_forward_cached, (t, freqs.cos(), freqs.sin(), False))
+    opcheck(torch.ops.apex.fused_rope_backward_cached, (t.detach(), freqs.cos(), freqs.sin(), True))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    opcheck(torch.ops.apex.fused_rope_forward_thd, (t[:, 0], cu, freqs))
+    opcheck(torch.ops.apex.fused_rope_backward_thd, (t[:, 0].detach(), cu, freqs))
+    image = torch.randn(2, 3, 2, 2, 8, device=device, requires_grad=True)
+    tables = [torch.randn(1, 3, 1, 4, device=device)] * 4
+    opcheck(torch.ops.apex.fused_rope_forward_2d, (image, *tables))
+    opcheck(torch.ops.apex.fused_rope_backward_2d, (image.detach(), *tables))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiles_with_fullgraph(device, dynamic):
+    torch._dynamo.reset()
+
+    def loss(q, k, freqs, w):
+        return (fused_apply_rotary_pos_emb(q, freqs, tensor_format="bshd") * w).sum() + \
+            (fused_apply_rotary_pos_emb(k, freqs, tensor_format="bshd", interleaved=True) * w).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, dynamic=dynamic)
+    for s in (6, 9):
+        q = torch.randn(2, s, 3, 16, device=device, requires_grad=True)
+        k = torch.randn(2, s, 3, 16, device=device, requires_grad=True)
+        freqs, w = torch.randn(s, 1, 1, 16, device=device), torch.randn(2, s, 3, 16, device=device)
+        grads = torch.autograd.grad(compiled(q, k, freqs, w), (q, k))
+        expected = torch.autograd.grad(loss(q, k, freqs, w), (q, k))
+        for g, e in zip(grads, expected):
+            torch.testing.assert_close(g, e)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_llama_shapes_on_gpu(dtype):
+    """Head dims and head counts of Llama-class models (vector path) and odd ones (scalar path)."""
+    for s, b, h, d, d2 in [(128, 2, 32, 128, 128), (64, 1, 8, 128, 64), (33, 3, 5, 6, 4), (16, 2, 4, 96, 96)]:
+        freqs = torch.randn(s, 1, 1, d2, device="cuda") * 50  # large angles, as at long positions
+        t = torch.randn(b, s, h, d, device="cuda").to(dtype).requires_grad_()
+        for interleaved in (False, True):
+            out = fused_apply_rotary_pos_emb(t, freqs, tensor_format="bshd", interleaved=interleaved)
+            expected = reference(t, freqs.transpose(0, 1).cos(), freqs.transpose(0, 1).sin(), interleaved)
+            check(out, expected, dtype)
+            g = torch.randn_like(out)
+            check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+
+
+@pytest.mark.gpu
+def test_int64_offsets_past_two_billion_elements():
+    """t [16385, 1, 128, 1024] bf16 has 2^31 + 131072 elements: the last tokens sit past int32 offsets."""
+    s, h, d = 16385, 128, 1024
+    t = torch.randn(s, 1, h, d, device="cuda", dtype=torch.bfloat16)
+    freqs = torch.randn(s, 1, 1, d, device="cuda")
+    out = fused_apply_rotary_pos_emb(t, freqs)
+    check(out[-2:], reference(t[-2:], freqs[-2:].cos(), freqs[-2:].sin()), torch.bfloat16)

@@ -1,0 +1,363 @@
+"""fused_softmax ops and apex.transformer.functional.fused_softmax against a float64 PyTorch reference,
+on CPU and (marker gpu) CUDA: every kernel path (warp, block, cluster, unstaged), masks, causal rows,
+fully masked rows, backward, the module's fallbacks, tracing and bad input."""
+import pytest
+import torch
+from torch.library import opcheck
+
+from apex.transformer import AttnMaskType
+from apex.transformer.functional import (
+    FusedScaleMaskSoftmax,
+    GenericFusedScaleMaskSoftmax,
+    GenericScaledMaskedSoftmax,
+    ScaledMaskedSoftmax,
+    ScaledSoftmax,
+    ScaledUpperTriangMaskedSoftmax,
+)
+from apex.transformer.functional.fused_softmax import generic_scaled_masked_softmax, scaled_masked_softmax
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# One rounding of the output (computed in float32) plus float32 exp: a few ulps of each dtype.
+TOL = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+# The backward subtracts sum(g * y) from g: cancellation costs a few more ulps (of |g|).
+GRAD_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def ops():
+    from apex._ops import ops as load
+
+    return load("fused_softmax")
+
+
+def reference(x, scale, mask=None, causal=False):
+    """softmax(scale * x) in float64 with masked positions left out; fully masked rows are zeros."""
+    s = x.double() * scale
+    drop = torch.zeros(s.shape, dtype=torch.bool, device=x.device)
+    if mask is not None:
+        drop = drop | mask.bool()
+    if causal:
+        sq, sk = s.shape[-2:]
+        drop = drop | torch.ones(sq, sk, dtype=torch.bool, device=x.device).triu(1)
+    s = s.masked_fill(drop, float("-inf"))
+    return torch.softmax(s, -1).nan_to_num(0.0)
+
+
+def reference_grad(g, y, scale):
+    g, y = g.double(), y.double()
+    return scale * y * (g - (g * y).sum(-1, keepdim=True))
+
+
+def check(actual, expected, tol):
+    """Elementwise within tol relative, or tol of the largest |expected| (wide rows hold tiny values)."""
+    expected = expected.double()
+    atol = tol * max(expected.abs().max().item(), 1e-30) if expected.numel() else tol
+    torch.testing.assert_close(actual.double(), expected, rtol=tol, atol=atol)
+
+
+# Columns that reach each CUDA path: warp kernel (1 to 4 vectors per lane, sub-warp groups), the
+# block kernel staged in one block, in clusters (bf16 16K+ forward, 8K+ backward), and odd widths
+# (the scalar path). The CPU runs the small ones.
+CPU_COLS = [1, 7, 24, 33, 214, 1000, 2049]
+GPU_COLS = CPU_COLS + [256, 1024, 1032, 2048, 4096, 8200, 16384, 20000, 32768, 65536]
+
+
+def cols_for(device):
+    return CPU_COLS if device == "cpu" else GPU_COLS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scaled_softmax_every_width(device, dtype):
+    for sk in cols_for(device):
+        x = torch.randn(1, 2, 3, sk, device=device).to(dtype) * 4
+        g = torch.randn_like(x)
+        y = ops().scaled_softmax_forward(x, 0.7)
+        check(y, reference(x, 0.7), TOL[dtype])
+        dx = ops().scaled_softmax_backward(g, y, 0.7)
+        check(dx, reference_grad(g, y, 0.7), GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_shape", ["b1qk", "11qk", "bhqk", "b11k"])
+def test_masked_softmax_broadcast_masks(device, dtype, mask_shape):
+    b, h = 2, 3
+    for sk in cols_for(device)[::2]:
+        sq = 5
+        x = torch.randn(b, h, sq, sk, device=device).to(dtype)
+        shape = {"b1qk": (b, 1, sq, sk), "11qk": (1, 1, sq, sk), "bhqk": (b, h, sq, sk), "b11k": (b, 1, 1, sk)}
+        mask = torch.rand(shape[mask_shape], device=device) < 0.3
+        for module in ("scaled_masked_softmax", "generic_scaled_masked_softmax"):
+            y = getattr(ops(), f"{module}_forward")(x, mask, 1.3)
+            check(y, reference(x, 1.3, mask.expand(b, h, sq, sk)), TOL[dtype])
+            g = torch.randn_like(x)
+            check(getattr(ops(), f"{module}_backward")(g, y, 1.3), reference_grad(g, y, 1.3), GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_softmax(device, dtype):
+    for sq in [1, 5, 33, 300] + ([1100, 2048, 3000] if device == "cuda" else []):
+        x = torch.randn(3, sq, sq, device=device).to(dtype)
+        y = ops().scaled_upper_triang_masked_softmax_forward(x, 0.5)
+        check(y, reference(x, 0.5, causal=True), TOL[dtype])
+        assert (y.triu(1) == 0).all()
+        g = torch.randn_like(x)
+        dx = ops().scaled_upper_triang_masked_softmax_backward(g, y, 0.5)
+        check(dx, reference_grad(g, y, 0.5), GRAD_TOL[dtype])
+        assert (dx.triu(1) == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fully_masked_rows_are_zeros(device, dtype):
+    for sk in cols_for(device)[1::3]:
+        x = torch.randn(2, 2, 4, sk, device=device).to(dtype)
+        mask = torch.rand(2, 1, 4, sk, device=device) < 0.5
+        mask[0, :, 1] = True  # a fully masked row
+        mask[1, :, 3] = True
+        y = ops().scaled_masked_softmax_forward(x, mask, 1.0)
+        assert (y[0, :, 1] == 0).all() and (y[1, :, 3] == 0).all()
+        check(y, reference(x, 1.0, mask.expand_as(x)), TOL[dtype])
+        # -inf scores (an additive mask folded in) count as masked too.
+        z = ops().scaled_softmax_forward(torch.full_like(x, float("-inf")), 1.0)
+        assert (z == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_uint8_mask_and_non_contiguous_inputs(device):
+    x = torch.randn(2, 3, 40, 6, device=device).transpose(-1, -2)  # [2, 3, 6, 40], sk not contiguous
+    mask = (torch.rand(2, 1, 40, 6, device=device) < 0.3).transpose(-1, -2)
+    y = ops().scaled_masked_softmax_forward(x, mask.to(torch.uint8), 2.0)
+    check(y, reference(x, 2.0, mask.expand(2, 3, 6, 40)), TOL[torch.float32])
+    g = torch.randn(2, 3, 40, 6, device=device).transpose(-1, -2)
+    check(ops().scaled_masked_softmax_backward(g, y, 2.0), reference_grad(g, y, 2.0), GRAD_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_never_writes_its_incoming_gradient(device):
+    x = torch.randn(2, 2, 8, 64, device=device, dtype=torch.float16)
+    y = ops().scaled_softmax_forward(x, 1.0)
+    g = torch.randn_like(x)
+    kept = g.clone()
+    dx = ops().scaled_softmax_backward(g, y, 1.0)
+    assert dx.data_ptr() != g.data_ptr()
+    assert torch.equal(g, kept)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(0, 2, 3, 8), (2, 0, 3, 8), (2, 2, 0, 0), (2, 2, 3, 0)])
+def test_empty_input(device, shape):
+    x = torch.randn(shape, device=device)
+    y = ops().scaled_softmax_forward(x, 1.0)
+    assert y.shape == x.shape
+    mask = torch.zeros(shape[0], 1, shape[2], shape[3], dtype=torch.bool, device=device)
+    assert ops().scaled_masked_softmax_forward(x, mask, 1.0).shape == x.shape
+    assert ops().scaled_softmax_backward(torch.randn_like(x), y, 1.0).shape == x.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_differentiable_ops_and_autograd_functions(device):
+    x = torch.randn(2, 3, 6, 10, device=device, requires_grad=True)
+    mask = torch.rand(2, 1, 6, 10, device=device) < 0.3
+    g = torch.randn(2, 3, 6, 10, device=device)
+    expected = reference(x.detach(), 0.8, mask.expand(2, 3, 6, 10))
+    expected_grad = reference_grad(g, expected, 0.8)
+    for fn in (lambda t: ops().scaled_masked_softmax_forward(t, mask, 0.8),
+               lambda t: ScaledMaskedSoftmax.apply(t, mask, 0.8),
+               lambda t: GenericScaledMaskedSoftmax.apply(t, mask, 0.8),
+               lambda t: scaled_masked_softmax(t, mask, 0.8),
+               lambda t: generic_scaled_masked_softmax(t, mask, 0.8)):
+        y = fn(x)
+        (grad,) = torch.autograd.grad(y, x, g)
+        check(y, expected, 1e-6)
+        check(grad, expected_grad, 1e-5)
+    for fn in (lambda t: ScaledSoftmax.apply(t, 0.8), lambda t: ops().scaled_softmax_forward(t, 0.8)):
+        (grad,) = torch.autograd.grad(fn(x), x, g)
+        check(grad, reference_grad(g, reference(x.detach(), 0.8), 0.8), 1e-5)
+    causal = torch.randn(4, 7, 7, device=device, requires_grad=True)
+    gc = torch.randn(4, 7, 7, device=device)
+    expected = reference(causal.detach(), 0.8, causal=True)
+    for fn in (ScaledUpperTriangMaskedSoftmax.apply, ops().scaled_upper_triang_masked_softmax_forward):
+        (grad,) = torch.autograd.grad(fn(causal, 0.8), causal, gc)
+        check(grad, reference_grad(gc, expected, 0.8), 1e-5)
+
+
+# ---- FusedScaleMaskSoftmax ------------------------------------------------------------------------
+
+def attention_mask_func(scores, mask):
+    return scores.masked_fill(mask, -10000.0)
+
+
+def modules(dtype, mask_type, scale=None, softmax_in_fp32=True, generic=False):
+    flags = dict(input_in_fp16=dtype == torch.float16, input_in_bf16=dtype == torch.bfloat16)
+    common = dict(mask_func=attention_mask_func, softmax_in_fp32=softmax_in_fp32, scale=scale)
+    if generic:
+        return (GenericFusedScaleMaskSoftmax(**flags, scaled_masked_softmax_fusion=True, **common),
+                GenericFusedScaleMaskSoftmax(**flags, scaled_masked_softmax_fusion=False, **common))
+    return (FusedScaleMaskSoftmax(**flags, attn_mask_type=mask_type, scaled_masked_softmax_fusion=True, **common),
+            FusedScaleMaskSoftmax(**flags, attn_mask_type=mask_type, scaled_masked_softmax_fusion=False, **common))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("generic", [False, True])
+def test_module_matches_unfused_path(device, dtype, generic):
+    fused, unfused = modules(dtype, AttnMaskType.padding, scale=2.0, generic=generic)
+    for shape in [(4, 12, 24, 24), (3, 4, 4, 214), (1, 2, 5, 3000)]:
+        x = torch.randn(shape, device=device).to(dtype).requires_grad_()
+        mask = torch.rand(shape[0], 1, *shape[2:], device=device) < 0.4
+        mask[..., 0] = False  # the unfused path gives a fully masked row a uniform distribution
+        assert fused.is_kernel_available(mask, *shape)
+        y, expected = fused(x, mask), unfused(x, mask)
+        check(y, expected, 2 * TOL[dtype])
+        g = torch.randn_like(y)
+        check(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(expected, x, g)[0], 2 * GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_module_causal_and_autocast(device, dtype):
+    fused, unfused = modules(dtype, AttnMaskType.causal)
+    x = torch.randn(2, 3, 24, 24, device=device)
+    causal_mask = torch.ones(24, 24, dtype=torch.bool, device=device).triu(1)[None, None]
+    with torch.autocast(device, dtype=dtype):
+        y = fused(x, causal_mask)  # float32 scores, cast to the autocast dtype first
+    assert y.dtype == dtype
+    check(y, unfused(x.to(dtype), causal_mask), 2 * TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_fallbacks(device):
+    fused, unfused = modules(torch.float16, AttnMaskType.padding)
+    x = torch.randn(2, 2, 4, 8, device=device)
+    additive = torch.zeros(2, 1, 4, 8, device=device)
+    assert not fused.is_kernel_available(additive, 2, 2, 4, 8)  # float mask: only mask_func knows it
+    assert not fused.is_kernel_available(torch.zeros(2, 2, 8, dtype=torch.bool), 2, 2, 4, 8)
+    assert fused.is_kernel_available(None, 2, 2, 4, 8)
+    causal, _ = modules(torch.float16, AttnMaskType.causal)
+    assert not causal.is_kernel_available(None, 2, 2, 4, 8)  # not square
+    assert causal.is_kernel_available(None, 2, 2, 8, 8)
+    # float64 scores take the unfused path (and give its answer).
+    mask = torch.rand(2, 1, 4, 8, device=device) < 0.3
+    f32, u32 = modules(torch.float32, AttnMaskType.padding)
+    torch.testing.assert_close(f32(x.double(), mask), u32(x.double(), mask))
+    assert f32(x, mask).dtype == torch.float32
+    with pytest.raises(RuntimeError, match="fp32 when scaled"):
+        modules(torch.float16, AttnMaskType.padding, scale=2.0, softmax_in_fp32=False)
+    with pytest.raises(RuntimeError, match="both fp16 and bf16"):
+        FusedScaleMaskSoftmax(True, True, AttnMaskType.padding, True, attention_mask_func, True, None)
+    assert FusedScaleMaskSoftmax.get_batch_per_block(4, 4, 2, 2) == 1
+
+
+# ---- bad input, tracing ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_raises_before_launch(device):
+    x = torch.randn(2, 2, 4, 8, device=device)
+    mask = torch.zeros(2, 1, 4, 8, dtype=torch.bool, device=device)
+    with pytest.raises(RuntimeError, match="must be float32, float16 or bfloat16"):
+        ops().scaled_softmax_forward(x.double(), 1.0)
+    with pytest.raises(RuntimeError, match="must be float32, float16 or bfloat16"):
+        ops().scaled_softmax_forward(x.long(), 1.0)
+    with pytest.raises(RuntimeError, match="must be 4-D"):
+        ops().scaled_softmax_forward(x[0], 1.0)
+    with pytest.raises(RuntimeError, match="must be 3-D"):
+        ops().scaled_upper_triang_masked_softmax_forward(x, 1.0)
+    with pytest.raises(RuntimeError, match="square scores"):
+        ops().scaled_upper_triang_masked_softmax_forward(x[0], 1.0)
+    with pytest.raises(RuntimeError, match="mask must be bool"):
+        ops().scaled_masked_softmax_forward(x, mask.float(), 1.0)
+    with pytest.raises(RuntimeError, match="does not broadcast"):
+        ops().scaled_masked_softmax_forward(x, torch.zeros(3, 1, 4, 8, dtype=torch.bool, device=device), 1.0)
+    with pytest.raises(RuntimeError, match="with sk = 8"):
+        ops().scaled_masked_softmax_forward(x, mask[..., :4], 1.0)
+    with pytest.raises(RuntimeError, match="mask is on meta"):
+        ops().scaled_masked_softmax_forward(x, mask.to("meta"), 1.0)
+    with pytest.raises(RuntimeError, match="output_grads must match"):
+        ops().scaled_softmax_backward(x.half(), x, 1.0)
+    with pytest.raises(RuntimeError, match="output_grads must match"):
+        ops().scaled_softmax_backward(x[:1], x, 1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    x = torch.randn(2, 3, 5, 12, device=device, requires_grad=True)
+    mask = torch.rand(2, 1, 5, 12, device=device) < 0.3
+    y = ops().scaled_softmax_forward(x.detach(), 0.5)
+    for module in ("scaled_masked_softmax", "generic_scaled_masked_softmax"):
+        opcheck(getattr(torch.ops.apex, f"{module}_forward"), (x, mask, 0.5))
+        opcheck(getattr(torch.ops.apex, f"{module}_backward"), (torch.randn_like(y), y, 0.5))
+    opcheck(torch.ops.apex.scaled_softmax_forward, (x, 0.5))
+    opcheck(torch.ops.apex.scaled_softmax_backward, (torch.randn_like(y), y, 0.5))
+    c = torch.randn(3, 6, 6, device=device, requires_grad=True)
+    opcheck(torch.ops.apex.scaled_upper_triang_masked_softmax_forward, (c, 0.5))
+    yc = ops().scaled_upper_triang_masked_softmax_forward(c.detach(), 0.5)
+    opcheck(torch.ops.apex.scaled_upper_triang_masked_softmax_backward, (torch.randn_like(yc), yc, 0.5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiles_with_fullgraph(device, dynamic):
+    torch._dynamo.reset()
+    fused, _ = modules(torch.float32, AttnMaskType.padding, scale=0.5)
+    causal, _ = modules(torch.float32, AttnMaskType.causal)
+
+    def loss(x, mask, w):
+        square = x[..., : x.shape[-2]]
+        return (fused(x, mask) * w).sum() + (causal(square, None) * w[..., : x.shape[-2]]).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, dynamic=dynamic)
+    for sk in (9, 13):
+        x = torch.randn(2, 3, 6, sk, device=device, requires_grad=True)
+        mask = torch.rand(2, 1, 6, sk, device=device) < 0.3
+        w = torch.randn(2, 3, 6, sk, device=device)
+        (grad,) = torch.autograd.grad(compiled(x, mask, w), x)
+        (expected,) = torch.autograd.grad(loss(x, mask, w), x)
+        check(grad, expected, 1e-5)
+
+
+# ---- CUDA-only: the paths only long rows reach, and int64 offsets ------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_beyond_shared_memory(dtype):
+    """Rows too long for a cluster's shared memory (bf16 forward > ~850K, float32 backward > ~220K
+    columns on an H100) re-read the input in the second pass; a causal row of such a width too."""
+    for sk in (300_000, 1_000_000):
+        x = torch.randn(2, 1, 1, sk, device="cuda").to(dtype) * 3
+        y = ops().scaled_softmax_forward(x, 1.0)
+        check(y, reference(x, 1.0), TOL[dtype])
+        g = torch.randn_like(x)
+        check(ops().scaled_softmax_backward(g, y, 1.0), reference_grad(g, y, 1.0), GRAD_TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_long_rows(dtype):
+    """Causal rows of 16384 columns (float32 backward: a 2-block cluster per row), checked on sample rows."""
+    sq = 16384
+    x = torch.randn(1, sq, sq, device="cuda").to(dtype)
+    g = torch.randn_like(x)
+    y = ops().scaled_upper_triang_masked_softmax_forward(x, 0.3)
+    dx = ops().scaled_upper_triang_masked_softmax_backward(g, y, 0.3)
+    for q in (0, 1, 4095, 8191, 12000, sq - 1):
+        expected = torch.zeros(sq, dtype=torch.float64, device="cuda")
+        expected[: q + 1] = torch.softmax(x[0, q, : q + 1].double() * 0.3, -1)
+        check(y[0, q], expected, TOL[dtype])
+        check(dx[0, q], reference_grad(g[0, q], y[0, q], 0.3), GRAD_TOL[dtype])
+
+
+@pytest.mark.gpu
+def test_int64_offsets_past_two_billion_elements():
+    """[1, 1, 32769, 65536] bf16 has 2^31 + 65536 elements: the last rows sit past int32 offsets."""
+    sq, sk = 32769, 65536
+    x = torch.randn(1, 1, sq, sk, device="cuda", dtype=torch.bfloat16)
+    mask = torch.zeros(1, 1, sq, sk, dtype=torch.bool, device="cuda")
+    mask[..., -1, : sk // 2] = True
+    y = ops().scaled_masked_softmax_forward(x, mask, 1.0)
+    check(y[..., -3:, :], reference(x[..., -3:, :], 1.0, mask[..., -3:, :]), TOL[torch.bfloat16])
+    g = torch.randn_like(x)
+    dx = ops().scaled_masked_softmax_backward(g, y, 1.0)
+    check(dx[..., -3:, :], reference_grad(g[..., -3:, :], y[..., -3:, :], 1.0), GRAD_TOL[torch.bfloat16])
