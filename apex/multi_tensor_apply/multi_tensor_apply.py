@@ -22,7 +22,7 @@ class MultiTensorApply:
     def __init__(self, chunk_size: int):
         self.chunk_size = chunk_size
         try:
-            from op_builder import builder_for
+            from apex.op_builder import builder_for
 
             compatible, reason = builder_for("amp_C").is_compatible()
             MultiTensorApply.available = compatible

@@ -15,8 +15,11 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 
 def _make(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(env or os.environ)
+    for inherited in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHON"):  # a calling make's PYTHON=... (CI) must not leak in
+        env.pop(inherited, None)
     return subprocess.run(["make", "--no-print-directory", "-C", str(REPO), *args], capture_output=True, text=True,
-                          timeout=timeout, env=env or dict(os.environ))
+                          timeout=timeout, env=env)
 
 
 def _without_gpus() -> dict:

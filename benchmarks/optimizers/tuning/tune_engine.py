@@ -28,8 +28,8 @@ ROOT = HERE.parents[2]
 sys.path[:0] = [str(ROOT), str(HERE.parent)]
 
 from benchmarks.common import copy_bandwidth_gbs, require_gpu, time_ms  # noqa: E402
-from op_builder.builder import CUDAOpBuilder  # noqa: E402
-from op_builder.jit import load_builder  # noqa: E402
+from apex.op_builder.builder import CUDAOpBuilder  # noqa: E402
+from apex.op_builder.jit import load_builder  # noqa: E402
 from param_sets import gpt_medium_shapes  # noqa: E402
 
 

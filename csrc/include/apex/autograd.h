@@ -68,8 +68,10 @@ struct NodeBase : torch::autograd::Node {
 template <class Unused>
 struct NodeBase<true, Unused> : torch::autograd::Node {
   virtual void release_saved_state() {}
+  // Named through Unused so that the call is looked up only where this specialization is chosen.
+  using Base = std::conditional_t<std::is_void_v<Unused>, torch::autograd::Node, torch::autograd::Node>;
   void release_resources() override {
-    Node::release_resources();
+    Base::release_resources();
     release_saved_state();
   }
 };
@@ -326,7 +328,10 @@ struct OpNode<Op, Ret(Args...)> final : NodeBase<> {
         TORCH_CHECK(!given, name(), ": backward returned a gradient for argument ", i, ", which is not a tensor");
         continue;
       }
-      result.push_back(given ? std::move(grads[i]) : at::Tensor());
+      // A gradient toward an input without an edge (undefined, or needing no grad) is dropped: torch
+      // before 2.14 validates it against the input's metadata, which an undefined input lacks.
+      const bool wanted = given && next_edge(result.size()).is_valid();
+      result.push_back(wanted ? std::move(grads[i]) : at::Tensor());
     }
     return result;
   }

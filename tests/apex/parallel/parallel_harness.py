@@ -46,7 +46,7 @@ def run_ranks(fn, world_size: int, *args, backend: str = "gloo", timeout: float 
     rank's exception, or TimeoutError after ``timeout`` seconds.
     """
     # Compile (or find) the ops here first: a first-use build must not eat the ranks' deadline.
-    from op_builder import load_op
+    from apex.op_builder import load_op
 
     load_op("apex_C")
     load_op("syncbn")

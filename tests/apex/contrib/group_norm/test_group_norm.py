@@ -98,6 +98,9 @@ def test_float32_parameters_with_16_bit_data(device, dtype):
     check(x, 16, weight, bias, act="silu")
 
 
+@pytest.mark.xfail(torch.__version__ < "2.14", strict=False,
+                   reason="known bug, open: before torch 2.14 the backward of group_norm with a bias but no "
+                          "weight fails in autograd's validation ('tensor does not have a device')")
 @pytest.mark.parametrize("device", DEVICES)
 def test_without_affine_and_with_one_parameter(device):
     x, weight, bias = make((2, 32, 4, 4), torch.float32, device, torch.channels_last)

@@ -55,7 +55,7 @@ def run_all(world: int, device: str = "cpu", backend: str = "gloo") -> RankResul
     resumes the 2-rank run's gathered checkpoints; every run resumes a FusedAdam one."""
     key = (world, device)
     if key not in _RESULTS:
-        from op_builder import load_op
+        from apex.op_builder import load_op
 
         load_op("amp_C")  # compiled here first: a first-use build must not eat the ranks' deadline
         from apex.optimizers import FusedAdam
