@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from apex._ops import ops
+from apex._ops import eager_op, ops
 
 _LIBRARY = "fused_layer_norm_cuda"
 _Shape = Union[int, Sequence[int], torch.Size]
@@ -66,16 +66,15 @@ def _onnx_norm(input, shape, weight, bias, eps, *, rms: bool):
     return normalized if weight is None else normalized * weight
 
 
-# The forward ops' C++ entry points (what OpOverload.__call__ calls), bound on the first eager call:
-# the torch.ops attribute lookups and OpOverloadPacket.__call__ cost ~1 us a call.
+# The eager entry points (apex._ops.eager_op), bound on the first eager call: the forward ops'
+# output alone (*_output; the statistics stay in C++, for the backward).
 _eager_ops: tuple = ()
 
 
 def _eager_op(rms: bool):
     global _eager_ops
     if not _eager_ops:
-        namespace = ops(_LIBRARY)
-        _eager_ops = (namespace.layer_norm_fwd.default._op, namespace.rms_norm_fwd.default._op)
+        _eager_ops = (eager_op(_LIBRARY, "layer_norm_fwd_output"), eager_op(_LIBRARY, "rms_norm_fwd_output"))
     return _eager_ops[rms]
 
 
@@ -84,20 +83,22 @@ def _normalize(input, shape: Sequence[int], weight, bias, eps, memory_efficient,
     # One C call decides the common case; the per-device queries cost ~5 us a call.
     if torch._C._is_any_autocast_enabled():
         input, weight, bias = _autocast(input, weight, bias)
-    if not mixed and input.is_floating_point():
-        if weight is not None and weight.dtype != input.dtype:
+    if not mixed:  # parameters in the input's dtype (a non-float input is refused by the op)
+        if weight is not None and weight.dtype != input.dtype and input.is_floating_point():
             weight = weight.to(input.dtype)
-        if bias is not None and bias.dtype != input.dtype:
+        if bias is not None and bias.dtype != input.dtype and input.is_floating_point():
             bias = bias.to(input.dtype)
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # tracers see the ops by name
+    # Tracers and __torch_function__ overrides see the ops through torch.ops, by name.
+    if torch.compiler.is_compiling() or torch._C._is_tracing() or \
+            torch._C._has_torch_function_variadic(input, weight, bias):
         if torch.onnx.is_in_onnx_export():  # always traced (torch.export, or torch.jit.trace)
             return _onnx_norm(input, shape, weight, bias, eps, rms=rms)
         if rms:
             return ops(_LIBRARY).rms_norm_fwd(input, shape, weight, eps, memory_efficient)[0]
         return ops(_LIBRARY).layer_norm_fwd(input, shape, weight, bias, eps, memory_efficient)[0]
     if rms:
-        return _eager_op(True)(input, shape, weight, eps, memory_efficient)[0]
-    return _eager_op(False)(input, shape, weight, bias, eps, memory_efficient)[0]
+        return _eager_op(True)(input, shape, weight, eps, memory_efficient)
+    return _eager_op(False)(input, shape, weight, bias, eps, memory_efficient)
 
 
 def fused_layer_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):

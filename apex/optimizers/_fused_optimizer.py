@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
+from torch.optim.optimizer import required
 
 from apex._ops import ops
 
@@ -55,10 +56,11 @@ def check_hyperparameters(
     **named: float,
 ) -> None:
     """Raise ValueError, with torch.optim's wording, for values no optimizer accepts. NaN fails
-    every check. ``named`` are further non-negative values (momentum=..., alpha=...)."""
+    every check. ``lr`` may be torch.optim's ``required`` (each param group then gives its own).
+    ``named`` are further non-negative values (momentum=..., alpha=...)."""
     if isinstance(lr, torch.Tensor) and lr.numel() != 1:
         raise ValueError("Tensor lr must be 1-element")
-    if not 0.0 <= float(lr):
+    if lr is not required and not 0.0 <= float(lr):
         raise ValueError(f"Invalid learning rate: {lr}")
     if not 0.0 <= eps:
         raise ValueError(f"Invalid epsilon value: {eps}")
@@ -70,6 +72,17 @@ def check_hyperparameters(
     for name, value in named.items():
         if not 0.0 <= value:
             raise ValueError(f"Invalid {name} value: {value}")
+
+
+def momentum_defaults(lr: float, momentum: float, dampening: float, weight_decay: float, nesterov: bool,
+                      **named: float) -> dict[str, Any]:
+    """The param-group defaults of an SGD-style optimizer (FusedSGD, FusedLARS), checked as
+    torch.optim.SGD checks them; ``named`` (eps=..., trust_coefficient=...) are checked as
+    check_hyperparameters checks them and kept too."""
+    check_hyperparameters(lr=lr, weight_decay=weight_decay, momentum=momentum, **named)
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+    return dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, **named)
 
 
 def evaluate_closure(closure: Callable[[], torch.Tensor] | None) -> torch.Tensor | None:

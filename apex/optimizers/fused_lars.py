@@ -8,7 +8,7 @@ from typing import Any
 from torch.optim.optimizer import required
 
 from apex._ops import ops
-from apex.optimizers._fused_optimizer import CHUNK_SIZE, FusedOptimizer, check_hyperparameters
+from apex.optimizers._fused_optimizer import CHUNK_SIZE, FusedOptimizer, momentum_defaults
 
 
 class FusedLARS(FusedOptimizer):
@@ -55,16 +55,13 @@ class FusedLARS(FusedOptimizer):
         materialize_master_grads: bool = True,
         set_grad_none: bool = False,
     ) -> None:
-        check_hyperparameters(lr=0.0 if lr is required else lr, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                              trust_coefficient=trust_coefficient)
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        defaults = momentum_defaults(lr, momentum, dampening, weight_decay, nesterov, eps=eps,
+                                     trust_coefficient=trust_coefficient)
         if dampening != 0:
             raise ValueError("FusedLARS does not support dampening (ROCm apex's kernel ignores it)")
         if wd_after_momentum:
             raise ValueError("FusedLARS does not support wd_after_momentum (ROCm apex's kernel ignores it)")
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
-                        trust_coefficient=trust_coefficient, eps=eps, is_skipped=False)
+        defaults["is_skipped"] = False
         self.wd_after_momentum = wd_after_momentum
         self.materialize_master_grads = materialize_master_grads
         super().__init__(params, defaults, set_grad_none)

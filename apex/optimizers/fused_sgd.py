@@ -8,7 +8,7 @@ import torch
 from torch.optim.optimizer import required
 
 from apex._ops import ops
-from apex.optimizers._fused_optimizer import CHUNK_SIZE, FusedOptimizer, check_hyperparameters
+from apex.optimizers._fused_optimizer import CHUNK_SIZE, FusedOptimizer, momentum_defaults
 
 
 class FusedSGD(FusedOptimizer):
@@ -51,10 +51,7 @@ class FusedSGD(FusedOptimizer):
         materialize_master_grads: bool = True,
         set_grad_none: bool = False,
     ) -> None:
-        check_hyperparameters(lr=0.0 if lr is required else lr, weight_decay=weight_decay, momentum=momentum)
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
+        defaults = momentum_defaults(lr, momentum, dampening, weight_decay, nesterov)
         self.wd_after_momentum = wd_after_momentum
         self.materialize_master_grads = materialize_master_grads
         # apex.amp sets these to the loss scale of the last backward.

@@ -5,7 +5,8 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from apex.parallel import _process_group
-from apex.parallel.sync_batchnorm_function import SyncBatchnormFunction, batch_norm_single_process
+from apex.parallel.sync_batchnorm_function import (SyncBatchnormFunction, batch_norm_eval,
+                                                    batch_norm_single_process)
 
 
 _CHANNELS_LAST_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
@@ -87,19 +88,20 @@ class SyncBatchNorm(_BatchNorm):
             raise ValueError("SyncBatchNorm: fuse_relu and z need a channels-last layout: construct with "
                              "channel_last=True, or pass a channels_last-strided (N, C, H, W) input")
 
-        momentum = 0.0 if self.momentum is None else self.momentum
+        if not self.training and self.track_running_stats:  # running statistics: nothing to synchronize
+            return batch_norm_eval(input, z, self.weight, self.bias, self.running_mean, self.running_var, self.eps,
+                                   channels_innermost, permuted, self.fuse_relu)
+        # Batch statistics; running statistics (tracked in training only) move toward them.
+        momentum = self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # kept on the device: float() would wait for the GPU
+            if momentum is None:  # cumulative average, kept on the device: float() would wait for the GPU
                 momentum = self.num_batches_tracked.reciprocal()
-        use_batch_stats = self.training or not self.track_running_stats
-        world_size = self._world_size() if use_batch_stats else 1
-        # Updated in training; the normalization statistics in eval.
-        running_mean = self.running_mean if self.track_running_stats else None
-        running_var = self.running_var if self.track_running_stats else None
-        if use_batch_stats and world_size == 1:
-            return batch_norm_single_process(input, z, self.weight, self.bias, running_mean, running_var, self.eps,
-                                             momentum, channels_innermost, permuted, self.fuse_relu)
+        running_mean, running_var = self.running_mean, self.running_var  # None unless tracked
+        world_size = self._world_size()
+        if world_size == 1:
+            return batch_norm_single_process(input, z, self.weight, self.bias, running_mean, running_var, momentum,
+                                             self.eps, channels_innermost, permuted, self.fuse_relu)
         return SyncBatchnormFunction.apply(
-            input, z, self.weight, self.bias, running_mean, running_var, self.eps, use_batch_stats, momentum,
-            self.process_group, world_size, channels_innermost, permuted, self.fuse_relu)
+            input, z, self.weight, self.bias, running_mean, running_var, self.eps, momentum, self.process_group,
+            world_size, channels_innermost, permuted, self.fuse_relu)

@@ -22,16 +22,18 @@ would change nothing are not dispatched; the running statistics take one foreach
 Inputs arrive as (N, C, *), as (*, C) with ``channel_last=True``, or as (N, C, *) stored
 channels-last with ``permuted=True`` (the kernels then see its (N, *, C) view).
 
-A training step of one process has no collective between the kernels: ``batch_norm_single_process``
-runs it as one differentiable C++ op (syncbn_batch_norm, formula in C++), which costs the host about
-what torch's BatchNorm does, where this autograd.Function costs twice that.
+A step of one process has no collective between the kernels, nor has any step in eval (running
+statistics): ``batch_norm_single_process`` and ``batch_norm_eval`` run it as one differentiable C++ op
+each way (syncbn_batch_norm / syncbn_batch_norm_eval, formulas in C++; running statistics updated by
+the kernel that computes the batch statistics), which costs the host about what torch's BatchNorm
+does, where this autograd.Function costs twice that. The function serves the collective case only.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from apex._ops import ops
+from apex._ops import eager_op, ops
 
 # Newer torch renamed all_gather_into_tensor (and deprecated the old name).
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -56,31 +58,50 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
-def _check_count(local_count: int, input: torch.Tensor) -> None:
-    if local_count <= 1:
-        raise ValueError(f"SyncBatchNorm: expected more than 1 value per channel when training, got input "
-                         f"of shape {tuple(input.shape)}")
+# The single-process ops' first output (syncbn_batch_norm_output, syncbn_batch_norm_eval_output) for
+# eager calls (apex._ops.eager_op), bound on first use.
+_eager_ops: dict = {}
 
 
-# syncbn_batch_norm's C++ entry point (what OpOverload.__call__ calls), bound on the first eager call.
-_single_process_op = None
+def _eager(name: str):
+    op = _eager_ops.get(name)
+    if op is None:
+        op = _eager_ops[name] = eager_op("syncbn", name + "_output")
+    return op
 
 
-def batch_norm_single_process(input, z, weight, bias, running_mean, running_var, eps, momentum, channel_last,
+def _through_torch_ops(input, z, weight, bias) -> bool:
+    """Whether tracers or __torch_function__ overrides need to see the op by name."""
+    return torch.compiler.is_compiling() or torch._C._has_torch_function_variadic(input, z, weight, bias)
+
+
+def batch_norm_single_process(input, z, weight, bias, running_mean, running_var, momentum, eps, channel_last,
                               permuted, fuse_relu):
-    """One process's training step (batch statistics, no collective); arguments as SyncBatchnormFunction's."""
-    global _single_process_op
-    _check_count(input.numel() // (input.size(-1) if channel_last and not permuted else input.size(1)), input)
-    if torch.compiler.is_compiling():
-        op = ops("syncbn").syncbn_batch_norm
-    else:
-        if _single_process_op is None:
-            _single_process_op = ops("syncbn").syncbn_batch_norm.default._op
-        op = _single_process_op
-    out, mean, var, _ = op(input, z, weight, bias, eps, channel_last, permuted, fuse_relu)
-    if running_mean is not None:  # mean and var need no grad: statistics, not differentiable outputs
-        _update_running_stats(running_mean, running_var, mean, var, momentum)
-    return out
+    """One process's step with batch statistics (no collective); running statistics, when given, move
+    toward them by ``momentum`` (a float, or a tensor for the cumulative average). Arguments as
+    SyncBatchnormFunction's."""
+    if isinstance(momentum, torch.Tensor):  # the op takes a float: this update is done here
+        out, mean, var, _ = ops("syncbn").syncbn_batch_norm(input, z, weight, bias, None, None, 0.0, eps, channel_last,
+                                                            permuted, fuse_relu)
+        if running_mean is not None:  # mean and var need no grad: statistics, not differentiable outputs
+            _update_running_stats(running_mean, running_var, mean, var, momentum)
+        return out
+    if momentum is None:  # no running statistics
+        momentum = 0.0
+    if _through_torch_ops(input, z, weight, bias):
+        return ops("syncbn").syncbn_batch_norm(input, z, weight, bias, running_mean, running_var, momentum, eps,
+                                               channel_last, permuted, fuse_relu)[0]
+    return _eager("syncbn_batch_norm")(input, z, weight, bias, running_mean, running_var, momentum, eps, channel_last,
+                                       permuted, fuse_relu)
+
+
+def batch_norm_eval(input, z, weight, bias, running_mean, running_var, eps, channel_last, permuted, fuse_relu):
+    """A step normalized with the running statistics (eval): no collective, whatever the world size."""
+    if _through_torch_ops(input, z, weight, bias):
+        return ops("syncbn").syncbn_batch_norm_eval(input, z, weight, bias, running_mean, running_var, eps,
+                                                    channel_last, permuted, fuse_relu)[0]
+    return _eager("syncbn_batch_norm_eval")(input, z, weight, bias, running_mean, running_var, eps, channel_last,
+                                            permuted, fuse_relu)
 
 
 def _gather_statistics(mean, var_biased, count, group, world_size):
@@ -106,9 +127,11 @@ def _update_running_stats(running_mean, running_var, mean, var, momentum):
 
 
 class SyncBatchnormFunction(torch.autograd.Function):
+    """A step with batch statistics over the ``world_size`` (> 1) ranks of ``process_group``."""
+
     @staticmethod
-    def forward(ctx, input, z, weight, bias, running_mean, running_var, eps, use_batch_stats, momentum,
-                process_group, world_size, channel_last, permuted, fuse_relu):
+    def forward(ctx, input, z, weight, bias, running_mean, running_var, eps, momentum, process_group, world_size,
+                channel_last, permuted, fuse_relu):
         apex = ops("syncbn")
         if permuted:
             input = _to_channels_innermost(input)
@@ -120,33 +143,23 @@ class SyncBatchnormFunction(torch.autograd.Function):
         # and kept for backward.
         accumulate_dtype = torch.promote_types(input.dtype, torch.float32)  # float32, float64 for float64
         weight_acc, bias_acc = _cast(weight, accumulate_dtype), _cast(bias, accumulate_dtype)
-        if use_batch_stats:
-            welford = apex.syncbn_welford_mean_var_c_last if channel_last else apex.syncbn_welford_mean_var
-            mean, var_biased = welford(input)
-            local_count = input.numel() // channels
-            if world_size > 1:
-                means, variances, counts = _gather_statistics(mean, var_biased, local_count, process_group, world_size)
-            else:
-                _check_count(local_count, input)
-                means, variances = mean.unsqueeze(0), var_biased.unsqueeze(0)
-                counts = _count_tensor(local_count, torch.long, input.device)
-            mean, var, inv_std = apex.syncbn_welford_parallel(means, variances, counts, eps)
-        else:
-            mean = _cast(running_mean, accumulate_dtype)
-            inv_std = torch.rsqrt(_cast(running_var, accumulate_dtype) + eps)
-            counts = None
+        welford = apex.syncbn_welford_mean_var_c_last if channel_last else apex.syncbn_welford_mean_var
+        mean, var_biased = welford(input)
+        means, variances, counts = _gather_statistics(mean, var_biased, input.numel() // channels, process_group,
+                                                      world_size)
+        mean, var, inv_std = apex.syncbn_welford_parallel(means, variances, counts, eps)
 
         if channel_last:
             out = apex.syncbn_batchnorm_forward_c_last(input, z, mean, inv_std, weight_acc, bias_acc, fuse_relu)
         else:
             out = apex.syncbn_batchnorm_forward(input, mean, inv_std, weight_acc, bias_acc)
-        if use_batch_stats and running_mean is not None:  # forward runs without grad recording
+        if running_mean is not None:  # forward runs without grad recording
             _update_running_stats(running_mean, running_var, mean, var, momentum)
         if fuse_relu:
             ctx.save_for_backward(input, weight, weight_acc, mean, inv_std, counts, z, bias_acc)
         else:
             ctx.save_for_backward(input, weight, weight_acc, mean, inv_std, counts)
-        ctx.process_group, ctx.world_size = process_group, world_size
+        ctx.process_group = process_group
         ctx.channel_last, ctx.permuted, ctx.fuse_relu, ctx.has_z = channel_last, permuted, fuse_relu, z is not None
         # The kernel's (N, *, C) output seen as (N, C, *); detached, so it is a plain output of
         # this function, not a view of a tensor made inside it (which in-place ops would reject).
@@ -171,14 +184,9 @@ class SyncBatchnormFunction(torch.autograd.Function):
 
         grad_input = None
         if ctx.needs_input_grad[0]:
-            if counts is None:
-                # Running statistics are constants: dx = dy * inv_std * weight.
-                sum_dy, sum_dy_xmu = torch.zeros_like(sum_dy), torch.zeros_like(sum_dy_xmu)
-                counts = _count_tensor(1, torch.long, input.device)
-            elif ctx.world_size > 1:
-                combined = torch.cat([sum_dy, sum_dy_xmu])
-                dist.all_reduce(combined, op=dist.ReduceOp.SUM, group=ctx.process_group)
-                sum_dy, sum_dy_xmu = combined.chunk(2)
+            combined = torch.cat([sum_dy, sum_dy_xmu])
+            dist.all_reduce(combined, op=dist.ReduceOp.SUM, group=ctx.process_group)
+            sum_dy, sum_dy_xmu = combined.chunk(2)
             backward = apex.syncbn_batchnorm_backward_c_last if ctx.channel_last else apex.syncbn_batchnorm_backward
             grad_input = backward(grad_output, input, mean, inv_std, weight_acc, sum_dy, sum_dy_xmu, counts)
 
@@ -189,4 +197,4 @@ class SyncBatchnormFunction(torch.autograd.Function):
         if ctx.permuted:
             grad_input = _from_channels_innermost(grad_input) if grad_input is not None else None
             grad_z = _from_channels_innermost(grad_z) if grad_z is not None else None
-        return grad_input, grad_z, grad_weight, grad_bias, *(None,) * 10
+        return grad_input, grad_z, grad_weight, grad_bias, *(None,) * 9

@@ -1,11 +1,12 @@
-"""Host cost of one SyncBatchNorm training step (forward + backward), beside torch.
+"""Host cost of one SyncBatchNorm training step (forward + backward) and eval forward, beside torch.
 
     python benchmarks/parallel/host_overhead_syncbn.py                 # CPU, one process
     python benchmarks/parallel/host_overhead_syncbn.py --world 2       # CPU, 2 gloo ranks (distributed path)
     python benchmarks/parallel/host_overhead_syncbn.py --device cuda   # 1 GPU (--world 2: 2 GPUs, NCCL)
 
 The input is tiny (N=2, C=8, 4x4), so kernel time is negligible and a step costs what
-the host spends between launches: Python, the dispatcher, autograd. Per row it prints
+the host spends between launches: Python, the dispatcher, autograd. Rows: a training step
+(forward + backward) and an eval forward (running statistics, no grad) per layout. Per row it prints
 the µs per step, apex's µs beside torch's for the same layout ("vs torch": apex / torch),
 the ops one step dispatches from Python and autograd (torch.profiler events whose parent
 is not an op; ops that C++ kernels call inside are not counted) and the autograd nodes
@@ -32,6 +33,7 @@ from benchmarks.parallel.launch import run_on_ranks  # noqa: E402
 
 SHAPE = (2, 8, 4, 4)  # small enough that kernels cost (next to) nothing
 LAYOUTS = ("NCHW", "channels_last", "NHWC channel_last=True")
+MODES = ("train", "eval")  # a training step (forward + backward); an eval forward without grad
 WARMUP_STEPS = 20
 
 
@@ -58,8 +60,8 @@ def autograd_nodes(t: torch.Tensor) -> int:
     return sum(type(node).__name__ != "AccumulateGrad" for node in seen)
 
 
-def make_step(layout: str, implementation: str, device: str):
-    """A function running one training step of one row; returns the output."""
+def make_step(layout: str, implementation: str, device: str, mode: str = "train"):
+    """A function running one step of one row (a training step, or an eval forward); returns the output."""
     from apex.parallel import SyncBatchNorm
 
     x = torch.randn(SHAPE, device=device)
@@ -76,6 +78,14 @@ def make_step(layout: str, implementation: str, device: str):
     else:
         module = torch.nn.BatchNorm2d(SHAPE[1])
     module.to(device)
+    if mode == "eval":
+        module.eval()
+
+        def forward():
+            with torch.no_grad():
+                return module(x)
+
+        return forward
 
     def step():
         x.grad = None
@@ -105,15 +115,16 @@ def time_steps(step, device: str, steps: int) -> float:
 def run_table(device: str, steps: int, repeats: int, verbose: bool, rank: int = 0) -> None:
     torch_name = "torch SyncBatchNorm" if dist.is_initialized() else "torch BatchNorm2d"
     rows = {}
-    for layout in LAYOUTS:
-        for implementation in ("apex", "torch"):
-            if implementation == "torch" and (layout.startswith("NHWC") or (dist.is_initialized() and device == "cpu")):
-                continue  # torch has no (N, H, W, C) batch norm, and its SyncBatchNorm no CPU kernels
-            step = make_step(layout, implementation, device)
-            for _ in range(WARMUP_STEPS):  # op loading, caches, allocator
-                step()
-            name = "apex SyncBatchNorm" if implementation == "apex" else torch_name
-            rows[layout, name] = step, count_ops(step), autograd_nodes(step())
+    for mode in MODES:
+        for layout in LAYOUTS:
+            for implementation in ("apex", "torch"):
+                if implementation == "torch" and (layout.startswith("NHWC") or (dist.is_initialized() and device == "cpu")):
+                    continue  # torch has no (N, H, W, C) batch norm, and its SyncBatchNorm no CPU kernels
+                step = make_step(layout, implementation, device, mode)
+                for _ in range(WARMUP_STEPS):  # op loading, caches, allocator
+                    step()
+                name = "apex SyncBatchNorm" if implementation == "apex" else torch_name
+                rows[f"{layout} {mode}", name] = step, count_ops(step), autograd_nodes(step())
     best = dict.fromkeys(rows, float("inf"))
     for _ in range(repeats):
         for key, (step, _, _) in rows.items():
@@ -121,12 +132,13 @@ def run_table(device: str, steps: int, repeats: int, verbose: bool, rank: int = 
     if rank != 0:
         return
     world = dist.get_world_size() if dist.is_initialized() else 1
-    print(f"SyncBatchNorm fwd+bwd host cost, {device}, {world} process(es), shape {SHAPE}, torch {torch.__version__}")
-    print(f"{'layout':<24} {'implementation':<20} {'us/step':>9} {'vs torch':>9} {'ops/step':>9} {'autograd nodes':>15}")
+    print(f"SyncBatchNorm host cost per step, {device}, {world} process(es), shape {SHAPE}, torch {torch.__version__}")
+    print(f"{'layout, mode':<30} {'implementation':<20} {'us/step':>9} {'vs torch':>9} {'ops/step':>9} "
+          f"{'autograd nodes':>15}")
     for (layout, name), (_, ops, nodes) in rows.items():
         theirs = best.get((layout, torch_name))
         ratio = f"{best[layout, name] / theirs:>9.2f}" if theirs and name != torch_name else f"{'':>9}"
-        print(f"{layout:<24} {name:<20} {best[layout, name]:>9.1f} {ratio} {sum(ops.values()):>9} {nodes:>15}")
+        print(f"{layout:<30} {name:<20} {best[layout, name]:>9.1f} {ratio} {sum(ops.values()):>9} {nodes:>15}")
         if verbose:
             print("    " + ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())))
 

@@ -90,40 +90,47 @@ at::Tensor backward_impl(const at::Tensor& grad_y, const at::Tensor& y, bool cau
 
 // ---- the four modules ---------------------------------------------------------------------
 
-struct ScaledSoftmax {
-  static constexpr const char* kForward = "scaled_softmax_forward(Tensor input, float scale) -> Tensor";
-  static constexpr const char* kBackward =
-      "scaled_softmax_backward(Tensor output_grads, Tensor softmax_results, float scale) -> Tensor";
+// How a module lays out its scores: [b, np, sq, sk] with an optional padding mask, or the causal
+// module's [attn_batches, sq, sk].
+struct PaddedScores {
   static constexpr int64_t kDims = 4;
   static constexpr bool kCausal = false;
 };
+struct CausalScores {
+  static constexpr int64_t kDims = 3;
+  static constexpr bool kCausal = true;
+};
 
-struct ScaledMaskedSoftmax {
+struct ScaledSoftmax : PaddedScores {
+  static constexpr const char* kForward = "scaled_softmax_forward(Tensor input, float scale) -> Tensor";
+  static constexpr const char* kBackward =
+      "scaled_softmax_backward(Tensor output_grads, Tensor softmax_results, float scale) -> Tensor";
+};
+
+struct ScaledMaskedSoftmax : PaddedScores {
   static constexpr const char* kForward =
       "scaled_masked_softmax_forward(Tensor input, Tensor mask, float scale) -> Tensor";
   static constexpr const char* kBackward =
       "scaled_masked_softmax_backward(Tensor output_grads, Tensor softmax_results, float scale) -> Tensor";
-  static constexpr int64_t kDims = 4;
-  static constexpr bool kCausal = false;
 };
 
-struct GenericScaledMaskedSoftmax {
+struct GenericScaledMaskedSoftmax : PaddedScores {
   static constexpr const char* kForward =
       "generic_scaled_masked_softmax_forward(Tensor input, Tensor mask, float scale) -> Tensor";
   static constexpr const char* kBackward =
       "generic_scaled_masked_softmax_backward(Tensor output_grads, Tensor softmax_results, float scale) -> Tensor";
-  static constexpr int64_t kDims = 4;
-  static constexpr bool kCausal = false;
 };
 
-struct ScaledUpperTriangMaskedSoftmax {
+struct ScaledUpperTriangMaskedSoftmax : CausalScores {
   static constexpr const char* kForward =
       "scaled_upper_triang_masked_softmax_forward(Tensor input, float scale) -> Tensor";
   static constexpr const char* kBackward =
       "scaled_upper_triang_masked_softmax_backward(Tensor output_grads, Tensor softmax_results, float scale) -> Tensor";
-  static constexpr int64_t kDims = 3;
-  static constexpr bool kCausal = true;
 };
+
+// The padding mask forward_impl takes: the forward's mask argument, or none.
+const at::Tensor* mask_or_null() { return nullptr; }
+const at::Tensor* mask_or_null(const at::Tensor& mask) { return &mask; }
 
 }  // namespace
 
@@ -146,10 +153,19 @@ struct Backward {
   }
 };
 
-// The autograd formula every forward shares: backward reads the saved probabilities.
-template <class Module>
-struct SoftmaxGrad {
-  static void save_probabilities(AutogradContext& ctx, double scale, const at::Tensor& y) {
+// forward(input, [mask,] scale) of a module: `Mask...` is empty, or at::Tensor for the two
+// padding-mask modules. Differentiable: backward reads the saved probabilities.
+template <class Module, class... Mask>
+struct Forward {
+  static constexpr const char* kSchema = Module::kForward;
+
+  template <class Device>
+  static at::Tensor call(const at::Tensor& input, const Mask&... mask, double scale) {
+    return forward_impl<Device>(input, mask_or_null(mask...), Module::kCausal, Module::kDims, scale,
+                                op_name<Module::kForward>());
+  }
+
+  static void save(AutogradContext& ctx, const at::Tensor&, const Mask&..., double scale, const at::Tensor& y) {
     ctx.save_for_backward({y});
     ctx.saved_data["scale"] = scale;
   }
@@ -159,42 +175,12 @@ struct SoftmaxGrad {
   }
 };
 
-// forward(input, scale): scaled_softmax and the causal scaled_upper_triang_masked_softmax.
-template <class Module>
-struct Forward : SoftmaxGrad<Module> {
-  static constexpr const char* kSchema = Module::kForward;
-
-  template <class Device>
-  static at::Tensor call(const at::Tensor& input, double scale) {
-    return forward_impl<Device>(input, nullptr, Module::kCausal, Module::kDims, scale, op_name<Module::kForward>());
-  }
-
-  static void save(AutogradContext& ctx, const at::Tensor&, double scale, const at::Tensor& y) {
-    SoftmaxGrad<Module>::save_probabilities(ctx, scale, y);
-  }
-};
-
-// forward(input, mask, scale): the two padding-mask modules.
-template <class Module>
-struct MaskedForward : SoftmaxGrad<Module> {
-  static constexpr const char* kSchema = Module::kForward;
-
-  template <class Device>
-  static at::Tensor call(const at::Tensor& input, const at::Tensor& mask, double scale) {
-    return forward_impl<Device>(input, &mask, Module::kCausal, Module::kDims, scale, op_name<Module::kForward>());
-  }
-
-  static void save(AutogradContext& ctx, const at::Tensor&, const at::Tensor&, double scale, const at::Tensor& y) {
-    SoftmaxGrad<Module>::save_probabilities(ctx, scale, y);
-  }
-};
-
 APEX_LIBRARY(m) {
   define_differentiable<Forward<ScaledSoftmax>>(m);
   define<Backward<ScaledSoftmax>>(m);
-  define_differentiable<MaskedForward<ScaledMaskedSoftmax>>(m);
+  define_differentiable<Forward<ScaledMaskedSoftmax, at::Tensor>>(m);
   define<Backward<ScaledMaskedSoftmax>>(m);
-  define_differentiable<MaskedForward<GenericScaledMaskedSoftmax>>(m);
+  define_differentiable<Forward<GenericScaledMaskedSoftmax, at::Tensor>>(m);
   define<Backward<GenericScaledMaskedSoftmax>>(m);
   define_differentiable<Forward<ScaledUpperTriangMaskedSoftmax>>(m);
   define<Backward<ScaledUpperTriangMaskedSoftmax>>(m);

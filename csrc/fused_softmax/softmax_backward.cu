@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads) warp_backward(BackwardArgs
         sum += dot<T, kVec>(g[i], p[i], col, kept);
       }
     }
-    const float row_dot = group_reduce(sum, group, Sum{});
+    const float row_dot = cuda::group_reduce(sum, group, Sum{});
     if (!live) continue;
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm) block_backw
         }
       }
     }
-    sum = block_all_reduce(sum, Sum{}, 0.0f, scratch, &block_total);
+    sum = cuda::block_all_reduce(sum, Sum{}, 0.0f, scratch, &block_total);
     const float row_dot = cluster_all_reduce(sum, Sum{}, 0.0f, plan.cluster, &cluster_slot);
     // Pass 2: grad_x of the chunk; zeros past the causal bound, never read.
 #pragma unroll 4

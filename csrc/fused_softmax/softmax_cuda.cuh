@@ -23,6 +23,7 @@
 
 #include "apex/block_reduce.cuh"
 #include "apex/cuda.cuh"
+#include "apex/occupancy.cuh"
 #include "fused_softmax.h"
 
 namespace apex::fused_softmax {
@@ -58,6 +59,9 @@ constexpr int kBackwardUnroll = 2;
 constexpr int64_t kStageBudgetBytes = 96 * 1024;
 // Largest portable thread-block cluster.
 constexpr int kMaxCluster = 8;
+// Shared memory the block kernels declare themselves (reduction scratch: 16 warps' 8-byte partials
+// and two slots, 144 bytes), which a staged chunk leaves free of a block's opt-in maximum.
+constexpr int64_t kStaticSharedBytes = 256;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
@@ -119,17 +123,6 @@ bool supports_clusters(Kernel kernel, const Cuda& device) {
 #endif
 }
 
-// Blocks of `kernel` resident per SM at once (at least 1).
-template <class Kernel>
-int resident_blocks(Kernel kernel, int threads, size_t smem) {
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;
-  }
-  return blocks > 0 ? blocks : 1;
-}
-
 // `stage_bytes_per_column`: shared memory a staged column takes (forward: the element plus its bit
 // of the keep mask; backward: two elements). `allows_clusters()`: supports_clusters() of the block
 // kernel, asked only when the block kernel is picked.
@@ -151,10 +144,11 @@ Plan plan_rows(int64_t cols, int vec, int max_packs, double stage_bytes_per_colu
     return static_cast<int64_t>(ceil_div(ceil_div(cols, cluster), vec) * vec * stage_bytes_per_column) + 16;
   };
   // The fewest blocks per row whose chunks fit the budget; else the most a cluster (or, without
-  // clusters, one block) has; else unstaged.
+  // clusters, one block) has; else unstaged. Staged chunks must fit the device (Turing's blocks
+  // opt in to 64 KB only, less than the budget).
   int cluster = 1;
   while (bytes(cluster) > kStageBudgetBytes && clusters && cluster < kMaxCluster) cluster *= 2;
-  plan.staged = bytes(cluster) <= std::max<int64_t>(kStageBudgetBytes, info.max_smem);
+  plan.staged = bytes(cluster) <= info.max_smem - kStaticSharedBytes;
   if (!plan.staged) cluster = 1;
   plan.cluster = cluster;
   plan.chunk = ceil_div(ceil_div(cols, cluster), vec) * vec;
@@ -170,10 +164,9 @@ Plan plan_rows(int64_t cols, int vec, int max_packs, double stage_bytes_per_colu
 template <class Kernel, class... Args>
 void launch_block_kernel(Kernel kernel, const Plan& plan, int64_t rows, const Cuda& device, const char* op,
                          const Args&... args) {
-  if (plan.smem > 48 * 1024) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smem));
-  }
-  const int resident = resident_blocks(kernel, plan.threads, plan.smem);
+  // Also opts the kernel in to more than the default 48 KB of dynamic shared memory where plan.smem needs it.
+  const int resident =
+      cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), plan.threads, plan.smem, device.device);
   const int64_t most = std::max<int64_t>(1, static_cast<int64_t>(cuda::sm_count(device.device)) * resident / plan.cluster);
   const int64_t blocks = std::max<int64_t>(1, std::min(rows, most)) * plan.cluster;
   const cudaStream_t stream = cuda::stream(device);
@@ -211,8 +204,9 @@ void launch_warp_kernel(void (*const (&kernels)[kInstances])(Args, int), const P
   while ((1 << index) < plan.packs && index + 1 < kInstances) ++index;
   const auto kernel = kernels[index];
   const int64_t rows_per_block = kWarpKernelThreads / C10_WARP_SIZE * (C10_WARP_SIZE / plan.group);
-  const unsigned blocks =
-      cuda::grid_size(args.rows, rows_per_block, resident_blocks(kernel, kWarpKernelThreads, 0), device);
+  const int resident =
+      cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kWarpKernelThreads, 0, device.device);
+  const unsigned blocks = cuda::grid_size(args.rows, rows_per_block, resident, device);
   kernel<<<blocks, kWarpKernelThreads, 0, cuda::stream(device)>>>(args, plan.group);
   cuda::check_launch(op);
 }
@@ -263,14 +257,6 @@ struct WarpRows {
   }
 };
 
-// combine() over `group` neighbouring lanes (a power of two dividing the warp); every lane of the
-// warp calls it.
-template <class V, class Combine>
-C10_DEVICE C10_ALWAYS_INLINE V group_reduce(V value, int group, Combine combine) {
-  for (int offset = group / 2; offset > 0; offset /= 2) value = combine(value, cuda::shuffle_xor(value, offset));
-  return value;
-}
-
 struct Max {
   C10_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }  // NaN-ignoring: NaN reaches the sum
 };
@@ -313,15 +299,6 @@ C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> zeros() {
 
 // 1 / sum, or 0 for a row with nothing kept (all of it masked): its output is zeros.
 C10_DEVICE C10_ALWAYS_INLINE float inverse_sum(float sum) { return sum == 0.0f ? 0.0f : 1.0f / sum; }
-
-// combine() over the whole block; every thread gets the result. `scratch` holds a V per warp.
-template <class V, class Combine>
-C10_DEVICE V block_all_reduce(V value, Combine combine, const V& identity, V* scratch, V* result) {
-  value = cuda::block_reduce(value, combine, identity, scratch);
-  if (threadIdx.x == 0) *result = value;
-  __syncthreads();
-  return *result;  // overwritten only after the next block_reduce's barrier, which every reader passed
-}
 
 // This block's rank in its cluster (0 without one).
 C10_DEVICE C10_ALWAYS_INLINE int cluster_rank() {

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_
         for (int k = 0; k < kVec; ++k) v[p][k] = kNegInf;
       }
     }
-    most = group_reduce(most, group, Max{});
+    most = cuda::group_reduce(most, group, Max{});
     float sum = 0.0f;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_
         sum += v[p][k];
       }
     }
-    const float inv = inverse_sum(group_reduce(sum, group, Sum{}));
+    const float inv = inverse_sum(cuda::group_reduce(sum, group, Sum{}));
     if (!live) continue;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm) block_forwa
         }
       }
     }
-    stats = block_all_reduce(stats, MergeStats{}, Stats::empty(), scratch, &block_total);
+    stats = cuda::block_all_reduce(stats, MergeStats{}, Stats::empty(), scratch, &block_total);
     stats = cluster_all_reduce(stats, MergeStats{}, Stats::empty(), plan.cluster, &cluster_slot);
     // Pass 2: the chunk's probabilities; zeros past the causal bound, never read.
 #pragma unroll 4

@@ -22,6 +22,7 @@
 
 #include "apex/cuda.cuh"
 #include "apex/acc_type.h"
+#include "apex/occupancy.cuh"
 #include "group_norm.h"
 #include "group_norm_math.h"
 
@@ -604,11 +605,10 @@ void size_shared(Plan& p, const Shape& shape, int64_t grid, int64_t acc_bytes, b
 template <class Kernel, class Args>
 void launch_cooperative(Kernel kernel, const Args& args, Plan& p, const Shape& shape, dim3 block, int64_t acc_bytes,
                         bool backward, const Cuda& device, const char* op) {
-  int per_sm = 0;
   // Shared sums are sized after the grid, the grid after their size: size them for the largest
   // grid first (per_sm with the most shared memory), which only shrinks their need.
-  const size_t max_shared = static_cast<size_t>(kSharedBytes);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(block.x * block.y), max_shared);
+  const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel),
+                                                  static_cast<int>(block.x * block.y), kSharedBytes, device.device);
   const int64_t grid = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * cuda::sm_count(device.device));
   size_shared(p, shape, grid, acc_bytes, backward);
   const size_t shared = static_cast<size_t>((2 * p.shared_gids + 2 * p.shared_channels) * acc_bytes);

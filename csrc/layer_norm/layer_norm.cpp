@@ -11,6 +11,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -256,6 +257,17 @@ bool readable(const Tensor& t) {
   return !t.is_meta() && !t.key_set().has_any(kTracing);
 }
 
+// Whether a CPU tensor of a floating dtype holds a zero, read in place (eq, any and item would be
+// three dispatched ops, more host time than a small norm call itself).
+bool has_zero_on_cpu(const Tensor& t) {
+  const Tensor values = t.contiguous();
+  return dispatch_floating(floating_dtype(values, "layer_norm_fwd", "weight"), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* data = values.const_data_ptr<T>();
+    return std::any_of(data, data + values.numel(), [](T v) { return static_cast<double>(v) == 0.0; });
+  });
+}
+
 // memory_efficient keeps the forward output y instead of the input: xhat = (y - bias) / weight.
 // Where the weight has a zero, y holds only the bias and xhat (with every gradient that needs it) is
 // lost, so the input is kept instead. Finding out reads the weight: a host sync on CUDA, paid only by
@@ -264,6 +276,7 @@ bool readable(const Tensor& t) {
 bool keeps_output(bool memory_efficient, const OptionalTensor& weight) {
   if (!memory_efficient || !defined(weight)) return memory_efficient;
   if (!readable(*weight)) return false;
+  if (weight->is_cpu()) return !has_zero_on_cpu(*weight);
 #ifdef APEX_WITH_CUDA
   if (weight->is_cuda()) {
     bool capturing = false;
@@ -284,7 +297,7 @@ void save_norm(AutogradContext& ctx, const Tensor& input, c10::SymIntArrayRef no
                          bias.value_or(Tensor())});
   ctx.saved_data["normalized_dims"] = static_cast<int64_t>(normalized_shape.size());
   ctx.saved_data["eps"] = eps;
-  ctx.saved_data["memory_efficient"] = keep_output;
+  ctx.saved_data["kept_output"] = keep_output;
   ctx.saved_data["input_dtype"] = input.scalar_type();
   // mean / invvar get no gradient; without these autograd would zero-fill one for each.
   ctx.mark_non_differentiable(mean.defined() ? Grads{mean, invvar} : Grads{invvar});
@@ -308,7 +321,7 @@ Grads norm_grads(AutogradContext& ctx, const Grads& grads, BackwardOp&& backward
   if (!at::GradMode::is_enabled()) below_autograd.emplace();
   auto [grad_input, grad_weight, grad_bias] =
       backward_op(grads[0], optional(saved[1]), saved[2], kept, normalized_shape, optional(saved[3]),
-                  optional(saved[4]), ctx.saved_data["eps"].toDouble(), ctx.saved_data["memory_efficient"].toBool());
+                  optional(saved[4]), ctx.saved_data["eps"].toDouble(), ctx.saved_data["kept_output"].toBool());
   // memory_efficient with float32 parameters and a 16-bit input: the kept output is float32.
   const auto input_dtype = ctx.saved_data["input_dtype"].toScalarType();
   if (grad_input.scalar_type() != input_dtype) grad_input = grad_input.to(input_dtype);
@@ -421,6 +434,8 @@ Grads RmsNormForward::backward(AutogradContext& ctx, Grads grads) {
 APEX_LIBRARY(m) {
   define_differentiable<LayerNormForward>(m);
   define_differentiable<RmsNormForward>(m);
+  define_first_output<LayerNormForward>(m);  // layer_norm_fwd_output / rms_norm_fwd_output: eager Python calls
+  define_first_output<RmsNormForward>(m);
   define<LayerNormBackward>(m);
   define<RmsNormBackward>(m);
 }

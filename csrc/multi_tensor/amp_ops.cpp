@@ -37,7 +37,6 @@ struct Axpby {
                    at::TensorList out, double a, double b, int64_t arg_to_check) {
     constexpr const char* kName = "multi_tensor_axpby";
     Lists lists(kName, chunk_size, flag, {{x, "x"}, {y, "y"}, {out, "out", Access::kWrite}});
-    check_same_dtype(lists, 1, 2);
     APEX_CHECK(arg_to_check >= -1 && arg_to_check <= 1, kName, ": arg_to_check must be -1, 0 or 1, got ",
                arg_to_check);
     AxpbyFunctor op;

@@ -38,8 +38,8 @@ void lars(const Cpu& d, const TensorLists& l, int* flag, const LarsFunctor& op) 
 void lamb(const Cpu& d, const TensorLists& l, int* flag, const LambArgs& args, const LambBuffers& buffers) {
   run_lamb<CpuEngine>(d, l, flag, args, buffers);
 }
-void lamb_stage1(const Cpu& d, const TensorLists& l, int* flag, const LambStage1Functor& op) {
-  run_lamb_stage1<CpuEngine>(d, l, flag, op);
+void lamb_direction(const Cpu& d, const TensorLists& l, int* flag, const LambDirectionFunctor& op) {
+  run_lamb_direction<CpuEngine>(d, l, flag, op);
 }
 void lamb_stage2(const Cpu& d, const TensorLists& l, int* flag, const LambStage2Functor& op) {
   run_lamb_stage2<CpuEngine>(d, l, flag, op);

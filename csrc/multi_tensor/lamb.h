@@ -1,5 +1,6 @@
-// LAMB: one step (multi_tensor_lamb, multi_tensor_lamb_mp and the optimizers' multi_tensor_lamb_step)
-// and apex's older two-stage API (multi_tensor_lamb_stage1_cuda / _stage2_cuda):
+// LAMB: one step (multi_tensor_lamb, multi_tensor_lamb_mp and the optimizers' multi_tensor_lamb_step),
+// apex's older two-stage API (multi_tensor_lamb_stage1_cuda / _stage2_cuda) and the direction alone
+// (multi_tensor_lamb_direction, stage 1 with every option):
 //   stage 1: Adam-style moments on grads clipped by the global grad norm -> update
 //   stage 2: p -= lr * trust_ratio * update, trust_ratio = ||p|| / ||update|| per tensor
 // A step is two passes over the lists (the global grad norm is the caller's):
@@ -138,13 +139,14 @@ struct LambApplyFunctor : FunctorBase<LambApplyFunctor>, LambMoments {
   }
 };
 
-// apex's stage 1 on [grads, params, exp_avgs, exp_avg_sqs, updates]: writes the update.
-struct LambStage1Functor : FunctorBase<LambStage1Functor>, LambMoments {
+// The update direction on [grads, params, exp_avgs, exp_avg_sqs, updates]: the moments, and the
+// update written out (apex's stage 1, multi_tensor_lamb_direction).
+struct LambDirectionFunctor : FunctorBase<LambDirectionFunctor>, LambMoments {
   APEX_HD ListMask reads() const { return lists_mask({0, 1, 2, 3}); }
   APEX_HD ListMask writes() const { return lists_mask({2, 3, 4}); }
   APEX_HD bool skip() const { return skipped; }
-  APEX_HD LambStage1Functor at_tensor(int64_t tensor) const {
-    LambStage1Functor r = *this;
+  APEX_HD LambDirectionFunctor at_tensor(int64_t tensor) const {
+    LambDirectionFunctor r = *this;
     r.resolve(tensor);
     return r;
   }
@@ -192,10 +194,10 @@ inline int64_t lamb_scratch(const Cuda&, const TensorLists& lists) { return tens
 // A whole step on lists [grads, params, exp_avgs, exp_avg_sqs(, params_out)].
 void lamb(const Cpu&, const TensorLists& lists, int* flag, const LambArgs& args, const LambBuffers& buffers);
 void lamb(const Cuda&, const TensorLists& lists, int* flag, const LambArgs& args, const LambBuffers& buffers);
-// The two-stage API: stage 1 on [grads, params, exp_avgs, exp_avg_sqs, updates] (fp32 but the grads),
-// stage 2 on [params, updates] (fp32 updates).
-void lamb_stage1(const Cpu&, const TensorLists& lists, int* flag, const LambStage1Functor& op);
-void lamb_stage1(const Cuda&, const TensorLists& lists, int* flag, const LambStage1Functor& op);
+// The two-stage API: the direction (stage 1) on [grads, params, exp_avgs, exp_avg_sqs, updates]
+// (fp32 but the grads), stage 2 on [params, updates] (fp32 updates).
+void lamb_direction(const Cpu&, const TensorLists& lists, int* flag, const LambDirectionFunctor& op);
+void lamb_direction(const Cuda&, const TensorLists& lists, int* flag, const LambDirectionFunctor& op);
 void lamb_stage2(const Cpu&, const TensorLists& lists, int* flag, const LambStage2Functor& op);
 void lamb_stage2(const Cuda&, const TensorLists& lists, int* flag, const LambStage2Functor& op);
 
@@ -241,7 +243,7 @@ void run_lamb(const Device& device, const TensorLists& lists, int* flag, const L
 }
 
 template <class Engine, class Device>
-void run_lamb_stage1(const Device& device, const TensorLists& lists, int* flag, const LambStage1Functor& op) {
+void run_lamb_direction(const Device& device, const TensorLists& lists, int* flag, const LambDirectionFunctor& op) {
   dispatch_floating<false>(lists.dtypes[0], [&](auto g) {
     using G = TypeOf<decltype(g)>;
     Engine::template elementwise<TypeList<G, float, float, float, float>>(device, lists, flag, op);

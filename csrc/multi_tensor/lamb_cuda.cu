@@ -7,8 +7,8 @@ namespace apex::multi_tensor {
 void lamb(const Cuda& d, const TensorLists& l, int* flag, const LambArgs& args, const LambBuffers& buffers) {
   run_lamb<CudaRowEngine>(d, l, flag, args, buffers);
 }
-void lamb_stage1(const Cuda& d, const TensorLists& l, int* flag, const LambStage1Functor& op) {
-  run_lamb_stage1<CudaEngine>(d, l, flag, op);
+void lamb_direction(const Cuda& d, const TensorLists& l, int* flag, const LambDirectionFunctor& op) {
+  run_lamb_direction<CudaEngine>(d, l, flag, op);
 }
 void lamb_stage2(const Cuda& d, const TensorLists& l, int* flag, const LambStage2Functor& op) {
   run_lamb_stage2<CudaEngine>(d, l, flag, op);

@@ -20,10 +20,30 @@
 namespace apex::multi_tensor {
 namespace {
 
-// Optimizer lists: grads in the params' dtype, each state list float32 or the params' dtype.
-void check_optimizer_lists(const Lists& lists, std::initializer_list<int> states) {
+// Optimizer lists: grads in the params' dtype, each state list float32 or the params' dtype, and
+// all state lists of one dtype.
+void check_optimizer_lists(const Lists& lists, const std::vector<int>& states) {
   check_same_dtype(lists, 0, 1);
   for (int state : states) check_state_dtype(lists, 1, state);
+  for (size_t i = 1; i < states.size(); ++i) check_same_dtype(lists, states[0], states[i]);
+}
+
+// The lists of an optimizer step, checked as check_optimizer_lists does: [grads, params, states...],
+// the grads read (and written, `grads_access`, where the op unscales or clips them in place), the
+// params and every state list read and written.
+Lists step_lists(const char* op, int64_t chunk_size, const at::Tensor& flag, at::TensorList grads,
+                 at::TensorList params, std::initializer_list<ListArg> states, Access grads_access = Access::kRead,
+                 bool allow_double = false) {
+  std::vector<ListArg> args{{grads, "grads", grads_access}, {params, "params", Access::kReadWrite}};
+  std::vector<int> state_lists;
+  for (ListArg state : states) {
+    state.access = Access::kReadWrite;
+    state_lists.push_back(static_cast<int>(args.size()));
+    args.push_back(state);
+  }
+  Lists lists(op, chunk_size, flag, std::move(args), allow_double);
+  check_optimizer_lists(lists, state_lists);
+  return lists;
 }
 
 void check_mode(const char* op, int64_t mode, const char* zero, const char* one) {
@@ -73,12 +93,9 @@ struct Adam {
                    at::TensorList exp_avgs, at::TensorList exp_avg_sqs, double lr, double beta1, double beta2,
                    double epsilon, int64_t step, int64_t mode, int64_t bias_correction, double weight_decay) {
     constexpr const char* kName = "multi_tensor_adam";
-    Lists lists(kName, chunk_size, flag,
-                {{grads, "grads"}, {params, "params", Access::kReadWrite}, {exp_avgs, "exp_avgs", Access::kReadWrite},
-                 {exp_avg_sqs, "exp_avg_sqs", Access::kReadWrite}},
-                /*allow_double=*/true);
-    check_optimizer_lists(lists, {2, 3});
-    check_same_dtype(lists, 2, 3);
+    Lists lists = step_lists(kName, chunk_size, flag, grads, params,
+                             {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"}}, Access::kRead,
+                             /*allow_double=*/true);
     AdamFunctor op;
     op.a = adam_args(kName, beta1, beta2, epsilon, mode, bias_correction == 1, weight_decay);
     check_step(kName, static_cast<double>(step), op.a.bias_correction);
@@ -110,10 +127,7 @@ struct AdamCapturable {
   static void check(const Lists& lists, const at::Tensor& flag, const at::Tensor& lr, const at::Tensor& step,
                     const at::Tensor& inv_scale) {
     check_optimizer_lists(lists, {2, 3});
-    check_same_dtype(lists, 2, 3);
-    check_scalar(kName, "lr", lr, flag);
-    check_scalar(kName, "step", step, flag, lists.count());
-    check_scalar(kName, "inv_scale", inv_scale, flag);
+    lists.check_scalars({{"lr", lr}, {"step", step, /*per_tensor=*/true}, {"inv_scale", inv_scale}});
   }
 
   template <class Device>
@@ -139,9 +153,8 @@ struct AdamCapturable {
                    at::TensorList exp_avgs, at::TensorList exp_avg_sqs, const at::Tensor& lr, double beta1,
                    double beta2, double epsilon, const at::Tensor& step, int64_t mode, int64_t bias_correction,
                    double weight_decay, const at::Tensor& inv_scale) {
-    Lists lists(kName, chunk_size, flag,
-                {{grads, "grads", Access::kReadWrite}, {params, "params", Access::kReadWrite},
-                 {exp_avgs, "exp_avgs", Access::kReadWrite}, {exp_avg_sqs, "exp_avg_sqs", Access::kReadWrite}});
+    Lists lists = step_lists(kName, chunk_size, flag, grads, params,
+                             {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"}}, Access::kReadWrite);
     check(lists, flag, lr, step, inv_scale);
     run<Device>(lists, flag, lr, beta1, beta2, epsilon, step, mode, bias_correction, weight_decay, inv_scale);
   }
@@ -160,10 +173,7 @@ struct AdamCapturableMaster : AdamCapturable<true> {
     check(lists, flag, lr, step, inv_scale);
     APEX_CHECK(lists.scalar_type(1) == at::kHalf || lists.scalar_type(1) == at::kBFloat16, kName,
                ": params must be float16 or bfloat16 (their float32 masters are updated), got ", lists.scalar_type(1));
-    for (int l : {2, 3, 4}) {
-      APEX_CHECK(lists.scalar_type(l) == at::kFloat, kName, ": ", lists.name(l), " must be float32, got ",
-                 lists.scalar_type(l));
-    }
+    require_float32(lists, {2, 3, 4});
     run<Device>(lists, flag, lr, beta1, beta2, epsilon, step, mode, bias_correction, weight_decay, inv_scale);
   }
 };
@@ -183,12 +193,9 @@ struct BertAdam {
                    double epsilon, const at::Tensor& step, double weight_decay, double max_grad_norm,
                    int64_t schedule, double warmup, double t_total) {
     constexpr const char* kName = "multi_tensor_bert_adam";
-    Lists lists(kName, chunk_size, flag,
-                {{grads, "grads", Access::kReadWrite}, {params, "params", Access::kReadWrite},
-                 {exp_avgs, "exp_avgs", Access::kReadWrite}, {exp_avg_sqs, "exp_avg_sqs", Access::kReadWrite}});
-    check_optimizer_lists(lists, {2, 3});
-    check_same_dtype(lists, 2, 3);
-    check_scalar(kName, "step", step, flag, lists.count());
+    Lists lists = step_lists(kName, chunk_size, flag, grads, params,
+                             {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"}}, Access::kReadWrite);
+    lists.check_scalars({{"step", step, /*per_tensor=*/true}});
     APEX_CHECK(schedule >= 0 && schedule <= static_cast<int64_t>(LrSchedule::kWarmupPoly), kName,
                ": schedule must be 0 (none) to 4 (warmup_poly), got ", schedule);
     AdamFunctor op;
@@ -232,16 +239,11 @@ struct Adamp {
                    double epsilon, const at::Tensor& step, double weight_decay, double delta, double wd_ratio,
                    bool nesterov) {
     constexpr const char* kName = "multi_tensor_adamp";
-    Lists lists(kName, chunk_size, flag,
-                {{grads, "grads"}, {params, "params", Access::kReadWrite}, {exp_avgs, "exp_avgs", Access::kReadWrite},
-                 {exp_avg_sqs, "exp_avg_sqs", Access::kReadWrite}});
+    Lists lists = step_lists(kName, chunk_size, flag, grads, params,
+                             {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"}});
     lists.require_rows_outermost();
-    check_optimizer_lists(lists, {});
-    for (int l : {2, 3}) {
-      APEX_CHECK(lists.scalar_type(l) == at::kFloat, kName, ": ", lists.name(l), " must be float32, got ",
-                 lists.scalar_type(l));
-    }
-    check_scalar(kName, "step", step, flag, lists.count());
+    require_float32(lists, {2, 3});
+    lists.check_scalars({{"step", step, /*per_tensor=*/true}});
     AdampArgs args;
     args.lr = static_cast<float>(lr);
     args.beta1 = static_cast<float>(beta1);
@@ -430,7 +432,7 @@ struct Lamb {
                    std::optional<bool> use_nvlamb) {
     constexpr const char* kName = "multi_tensor_lamb";
     Lists lists = lamb_lists(kName, chunk_size, flag, grads, params, exp_avgs, exp_avg_sqs, {});
-    check_scalar(kName, "global_grad_norm", global_grad_norm, flag);
+    lists.check_scalars({{"global_grad_norm", global_grad_norm}});
     LambArgs args = lamb_args(kName, beta1, beta2, epsilon, bias_correction == 1, weight_decay, grad_averaging == 1,
                               mode);
     check_step(kName, static_cast<double>(step), args.bias_correction);
@@ -470,12 +472,8 @@ struct LambTensors {
                   const at::Tensor& global_grad_norm, const at::Tensor& max_grad_norm, Trust trust,
                   double max_param_norm, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
     Lists lists = lamb_lists(kName, chunk_size, flag, grads, params, exp_avgs, exp_avg_sqs, params_out);
-    check_scalar(kName, "lr", lr, flag);
-    check_scalar(kName, "step", step, flag, lists.count());
-    check_scalar(kName, "global_grad_norm", global_grad_norm, flag);
-    check_scalar(kName, "max_grad_norm", max_grad_norm, flag);
-    check_scalar(kName, "found_inf", found_inf, flag);
-    check_scalar(kName, "inv_scale", inv_scale, flag);
+    lists.check_scalars({{"lr", lr}, {"step", step, /*per_tensor=*/true}, {"global_grad_norm", global_grad_norm},
+                         {"max_grad_norm", max_grad_norm}, {"found_inf", found_inf}, {"inv_scale", inv_scale}});
     LambArgs args = lamb_args(kName, beta1, beta2, epsilon, bias_correction == 1, weight_decay, grad_averaging == 1,
                               mode);
     args.trust = trust;
@@ -527,6 +525,18 @@ struct LambStep : LambTensors<true> {
   }
 };
 
+// [grads, params, exp_avgs, exp_avg_sqs, updates] of the ops that write LAMB's update direction:
+// float32 but the grads. `updates` may be the grads themselves (each element is read before it is written).
+Lists direction_lists(const char* op, int64_t chunk_size, const at::Tensor& flag, at::TensorList grads,
+                      at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                      at::TensorList updates) {
+  Lists lists(op, chunk_size, flag,
+              {{grads, "grads"}, {params, "params"}, {exp_avgs, "exp_avgs", Access::kReadWrite},
+               {exp_avg_sqs, "exp_avg_sqs", Access::kReadWrite}, {updates, "updates", Access::kWrite}});
+  require_float32(lists, {1, 2, 3, 4});
+  return lists;
+}
+
 struct LambStage1 {
   static constexpr const char* kSchema =
       "multi_tensor_lamb_stage1(int chunk_size, Tensor(a!) noop_flag, Tensor[] grads, Tensor[] params, "
@@ -540,20 +550,14 @@ struct LambStage1 {
                    const at::Tensor& per_tensor_decay, int64_t step, double beta1, double beta2, double epsilon,
                    const at::Tensor& global_grad_norm, double max_global_grad_norm) {
     constexpr const char* kName = "multi_tensor_lamb_stage1";
-    Lists lists(kName, chunk_size, flag,
-                {{grads, "grads"}, {params, "params"}, {exp_avgs, "exp_avgs", Access::kReadWrite},
-                 {exp_avg_sqs, "exp_avg_sqs", Access::kReadWrite}, {updates, "updates", Access::kWrite}});
-    for (int l = 1; l < 5; ++l) {
-      APEX_CHECK(lists.scalar_type(l) == at::kFloat, kName, ": ", lists.name(l), " must be float32, got ",
-                 lists.scalar_type(l));
-    }
-    check_scalar(kName, "global_grad_norm", global_grad_norm, flag);
+    Lists lists = direction_lists(kName, chunk_size, flag, grads, params, exp_avgs, exp_avg_sqs, updates);
+    lists.check_scalars({{"global_grad_norm", global_grad_norm}});
     APEX_CHECK(per_tensor_decay.scalar_type() == at::kFloat && per_tensor_decay.sym_numel() == lists.count() &&
                    per_tensor_decay.device() == flag.device(),
                kName, ": per_tensor_decay must be a float32 tensor of ", lists.count(), " elements on ",
                flag.device());
     check_step(kName, static_cast<double>(step), true);
-    LambStage1Functor op;
+    LambDirectionFunctor op;
     op.a = lamb_args(kName, beta1, beta2, epsilon, true, 0.0, true, kLambDecoupled);
     op.a.step = scalar_arg(static_cast<double>(step));
     op.a.max_grad_norm = scalar_arg(max_global_grad_norm);
@@ -562,7 +566,44 @@ struct LambStage1 {
       const at::Tensor decay = per_tensor_decay.contiguous();
       op.a.per_tensor_decay = decay.const_data_ptr<float>();
       op.a.global_grad_norm = scalar_arg(global_grad_norm, flag, keep);
-      lamb_stage1(device, view, flag_data, op);
+      lamb_direction(device, view, flag_data, op);
+    });
+  }
+};
+
+struct LambDirection {
+  static constexpr const char* kSchema =
+      "multi_tensor_lamb_direction(int chunk_size, Tensor(a!) noop_flag, Tensor[] grads, Tensor[] params, "
+      "Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] updates, float beta1, float beta2, "
+      "float epsilon, Tensor step, int bias_correction, float weight_decay, int grad_averaging, "
+      "int weight_decay_mode, Tensor global_grad_norm, float max_grad_norm, Tensor inv_scale) -> ()";
+  // LAMB's update direction, every option of multi_tensor_lamb_step but the trust ratio, which the
+  // caller applies once it has whole-parameter norms (DistributedFusedLAMB, whose parameters are
+  // split over ranks: multi_tensor_lamb_stage2). The grads times inv_scale, divided by
+  // global_grad_norm / max_grad_norm where that exceeds 1 (global_grad_norm: of the unscaled grads;
+  // max_grad_norm inf never clips), L2 (mode 0) or decoupled (mode 1) weight decay, (1 - beta1)
+  // averaging, the moments updated and bias corrected at `step` (one per tensor or one for all).
+  // The flag is not read: nothing is skipped.
+  template <class Device>
+  static void call(int64_t chunk_size, const at::Tensor& flag, at::TensorList grads, at::TensorList params,
+                   at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList updates, double beta1,
+                   double beta2, double epsilon, const at::Tensor& step, int64_t bias_correction, double weight_decay,
+                   int64_t grad_averaging, int64_t mode, const at::Tensor& global_grad_norm, double max_grad_norm,
+                   const at::Tensor& inv_scale) {
+    constexpr const char* kName = "multi_tensor_lamb_direction";
+    Lists lists = direction_lists(kName, chunk_size, flag, grads, params, exp_avgs, exp_avg_sqs, updates);
+    lists.check_scalars(
+        {{"step", step, /*per_tensor=*/true}, {"global_grad_norm", global_grad_norm}, {"inv_scale", inv_scale}});
+    APEX_CHECK(max_grad_norm > 0, kName, ": max_grad_norm must be positive (inf never clips), got ", max_grad_norm);
+    LambDirectionFunctor op;
+    op.a = lamb_args(kName, beta1, beta2, epsilon, bias_correction == 1, weight_decay, grad_averaging == 1, mode);
+    op.a.max_grad_norm = scalar_arg(max_grad_norm);
+    launch_lists<Device>(lists, flag, [&](const auto& device, const TensorLists& view, int* flag_data) {
+      std::vector<at::Tensor> keep;
+      op.a.step = step_arg(kName, step, flag, op.a.bias_correction, keep);
+      op.a.global_grad_norm = scalar_arg(global_grad_norm, flag, keep);
+      op.a.inv_scale = scalar_arg(inv_scale, flag, keep);
+      lamb_direction(device, view, flag_data, op);
     });
   }
 };
@@ -622,9 +663,7 @@ struct Novograd {
                    at::TensorList exp_avgs, const at::Tensor& grad_norms, double lr, double beta1, double beta2,
                    double epsilon, Step step, int64_t bias_correction, double weight_decay, int64_t grad_averaging,
                    int64_t mode, int64_t norm_type) {
-    Lists lists(kName, chunk_size, flag,
-                {{grads, "grads"}, {params, "params", Access::kReadWrite}, {exp_avgs, "exp_avgs", Access::kReadWrite}});
-    check_optimizer_lists(lists, {});
+    Lists lists = step_lists(kName, chunk_size, flag, grads, params, {{exp_avgs, "exp_avgs"}});
     check_same_dtype(lists, 1, 2);
     check_mode(kName, mode, "L2", "decoupled weight decay");
     APEX_CHECK(norm_type == 0 || norm_type == 2, kName, ": norm_type must be 0 (L-inf) or 2 (L2), got ", norm_type);
@@ -642,7 +681,7 @@ struct Novograd {
     op.mode = static_cast<int>(mode);
     op.bias_correction = bias_correction == 1;
     if constexpr (kStep) {
-      check_scalar(kName, "step", step, flag, lists.count());
+      lists.check_scalars({{"step", step, /*per_tensor=*/true}});
     } else {
       check_step(kName, static_cast<double>(step), op.bias_correction);
       op.step = scalar_arg(static_cast<double>(step));
@@ -666,10 +705,7 @@ struct Adagrad {
   static void call(int64_t chunk_size, const at::Tensor& flag, at::TensorList grads, at::TensorList params,
                    at::TensorList state_sums, double lr, double epsilon, int64_t mode, double weight_decay) {
     constexpr const char* kName = "multi_tensor_adagrad";
-    Lists lists(kName, chunk_size, flag,
-                {{grads, "grads"}, {params, "params", Access::kReadWrite},
-                 {state_sums, "state_sums", Access::kReadWrite}});
-    check_optimizer_lists(lists, {2});
+    Lists lists = step_lists(kName, chunk_size, flag, grads, params, {{state_sums, "state_sums"}});
     check_mode(kName, mode, "L2", "decoupled");
     AdagradFunctor op;
     op.lr = static_cast<float>(lr);
@@ -696,14 +732,10 @@ struct Rmsprop {
                    double alpha, double epsilon, double weight_decay, double momentum, bool centered, bool tf_style,
                    bool decoupled_decay, bool lr_in_momentum) {
     constexpr const char* kName = "multi_tensor_rmsprop";
-    Lists lists(kName, chunk_size, flag,
-                {{grads, "grads"}, {params, "params", Access::kReadWrite},
-                 {square_avgs, "square_avgs", Access::kReadWrite},
-                 {momentum_buffers, "momentum_buffers", Access::kReadWrite, /*optional=*/true},
-                 {grad_avgs, "grad_avgs", Access::kReadWrite, /*optional=*/true}});
-    check_optimizer_lists(lists, {2, 3, 4});
-    check_same_dtype(lists, 2, 3);
-    check_same_dtype(lists, 2, 4);
+    Lists lists = step_lists(kName, chunk_size, flag, grads, params,
+                             {{square_avgs, "square_avgs"},
+                              {momentum_buffers, "momentum_buffers", Access::kReadWrite, /*optional=*/true},
+                              {grad_avgs, "grad_avgs", Access::kReadWrite, /*optional=*/true}});
     APEX_CHECK(momentum <= 0 || lists.has(3), kName, ": momentum > 0 needs the momentum_buffers list");
     APEX_CHECK(!centered || lists.has(4), kName, ": centered needs the grad_avgs list");
     RmspropFunctor op;
@@ -732,11 +764,8 @@ struct Adadelta {
   static void call(int64_t chunk_size, const at::Tensor& flag, at::TensorList grads, at::TensorList params,
                    at::TensorList square_avgs, at::TensorList acc_deltas, double lr, double rho, double epsilon,
                    double weight_decay) {
-    Lists lists("multi_tensor_adadelta", chunk_size, flag,
-                {{grads, "grads"}, {params, "params", Access::kReadWrite},
-                 {square_avgs, "square_avgs", Access::kReadWrite}, {acc_deltas, "acc_deltas", Access::kReadWrite}});
-    check_optimizer_lists(lists, {2, 3});
-    check_same_dtype(lists, 2, 3);
+    Lists lists = step_lists("multi_tensor_adadelta", chunk_size, flag, grads, params,
+                             {{square_avgs, "square_avgs"}, {acc_deltas, "acc_deltas"}});
     AdadeltaFunctor op;
     op.lr = static_cast<float>(lr);
     op.rho = static_cast<float>(rho);
@@ -762,6 +791,7 @@ APEX_LIBRARY(m) {
   define_multi_tensor<LambMp>(m);
   define_multi_tensor<LambStep>(m);
   define_multi_tensor<LambStage1>(m);
+  define_multi_tensor<LambDirection>(m);
   define_multi_tensor<LambStage2>(m);
   define_multi_tensor<Novograd<false>>(m);
   define_multi_tensor<Novograd<true>>(m);

@@ -35,7 +35,7 @@ struct AxpbyFunctor : FunctorBase<AxpbyFunctor> {
 
 void scale(const Cpu&, const TensorLists& lists, int* flag, const ScaleFunctor& op);
 void scale(const Cuda&, const TensorLists& lists, int* flag, const ScaleFunctor& op);
-// lists: [x, y, out] with y and out of one dtype.
+// lists: [x, y, out], each list of any float dtype of its own (as NVIDIA and ROCm apex allow).
 void axpby(const Cpu&, const TensorLists& lists, int* flag, const AxpbyFunctor& op);
 void axpby(const Cuda&, const TensorLists& lists, int* flag, const AxpbyFunctor& op);
 
@@ -53,9 +53,11 @@ template <class Engine, class Device>
 void run_axpby(const Device& device, const TensorLists& lists, int* flag, const AxpbyFunctor& op) {
   dispatch_floating<false>(lists.dtypes[0], [&](auto x) {
     using X = TypeOf<decltype(x)>;
-    dispatch_floating<false>(lists.dtypes[2], [&](auto out) {
-      using Out = TypeOf<decltype(out)>;
-      Engine::template elementwise<TypeList<X, Out, Out>>(device, lists, flag, op);
+    dispatch_floating<false>(lists.dtypes[1], [&](auto y) {
+      using Y = TypeOf<decltype(y)>;
+      dispatch_floating<false>(lists.dtypes[2], [&](auto out) {
+        Engine::template elementwise<TypeList<X, Y, TypeOf<decltype(out)>>>(device, lists, flag, op);
+      });
     });
   });
 }

@@ -77,22 +77,24 @@ struct InputGradOp {
   const acc_t* mean;
   const acc_t* inv_std;
   const acc_t* weight;  // may be null: 1
-  const acc_t* sum_dy;
+  const acc_t* sum_dy;      // both null: 0 (constant statistics)
   const acc_t* sum_dy_xmu;
-  const int64_t* count;  // elements per channel on each rank
+  const int64_t* count;  // elements per channel on each rank, or null: `elements` on one rank
+  int64_t elements;
   int64_t world;
   acc_t inv_total;
 
   // The global element count lives on the device; summing it per thread avoids a sync.
   __device__ void prepare() {
-    int64_t total = 0;
-    for (int64_t r = 0; r < world; ++r) total += count[r];
+    int64_t total = count ? 0 : elements;
+    for (int64_t r = 0; count && r < world; ++r) total += count[r];
     inv_total = acc_t(1) / acc_t(total);
   }
   __device__ Channel channel(int64_t c) const {
     const acc_t sigma_inv = inv_std[c];
-    return {mean[c], sum_dy[c] * inv_total, sigma_inv * sigma_inv * sum_dy_xmu[c] * inv_total,
-            weight ? sigma_inv * weight[c] : sigma_inv};
+    const acc_t mean_dy = sum_dy ? sum_dy[c] * inv_total : acc_t(0);
+    const acc_t mean_dy_xmu = sum_dy_xmu ? sum_dy_xmu[c] * inv_total : acc_t(0);
+    return {mean[c], mean_dy, sigma_inv * sigma_inv * mean_dy_xmu, weight ? sigma_inv * weight[c] : sigma_inv};
   }
   __device__ acc_t operator()(const Channel& k, const acc_t (&in)[kOperands]) const {
     return (in[0] - k.mean_dy - (in[1] - k.mean) * k.xmu_factor) * k.scale;
@@ -281,7 +283,7 @@ void batchnorm_backward(const Cuda& device, const InputGradArgs& a) {
     using A = acc_type<T>;
     const InputGradOp<A> op{static_cast<const A*>(a.mean),   static_cast<const A*>(a.inv_std),
                             static_cast<const A*>(a.weight), static_cast<const A*>(a.sum_dy),
-                            static_cast<const A*>(a.sum_dy_xmu), a.count, a.world, A(0)};
+                            static_cast<const A*>(a.sum_dy_xmu), a.count, a.elements, a.world, A(0)};
     launch_channel_elementwise<T>(op, {a.grad_output, a.input}, a.grad_input, a.layout, device,
                                   "syncbn_batchnorm_backward");
   });

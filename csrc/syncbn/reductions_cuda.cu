@@ -276,19 +276,25 @@ void reduce_channels(const Fold& fold, bool vector_aligned, Layout layout, const
   cuda::check_launch(op);
 }
 
+// One thread per channel (MergeArgs says what it computes).
 template <typename acc_t>
 __global__ void welford_parallel_kernel(const acc_t* mean, const acc_t* var_biased, const int64_t* count,
-                                        int64_t world, int64_t channels, acc_t eps, acc_t* out_mean,
-                                        acc_t* out_var, acc_t* inv_std) {
+                                        int64_t elements, int64_t world, int64_t channels, acc_t eps, acc_t* out_mean,
+                                        acc_t* out_var, acc_t* inv_std, acc_t* running_mean, acc_t* running_var,
+                                        acc_t momentum) {
   for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < channels; c += int64_t(gridDim.x) * blockDim.x) {
     auto state = WelfordState<acc_t>::empty();
     for (int64_t r = 0; r < world; ++r) {
       const int64_t i = r * channels + c;
-      state.merge({mean[i], var_biased[i] * acc_t(count[r]), count[r]});
+      const int64_t n = count ? count[r] : elements;
+      state.merge({mean[i], var_biased[i] * acc_t(n), n});
     }
+    const acc_t var = state.m2 / acc_t(state.count - 1);
     out_mean[c] = state.mean;
-    out_var[c] = state.m2 / acc_t(state.count - 1);
+    out_var[c] = var;
     inv_std[c] = acc_t(1) / sqrt(state.biased_var() + eps);
+    if (running_mean) running_mean[c] += momentum * (state.mean - running_mean[c]);
+    if (running_var) running_var[c] += momentum * (var - running_var[c]);
   }
 }
 
@@ -322,8 +328,9 @@ void welford_parallel(const Cuda& device, const MergeArgs& a) {
   const auto merge = [&](auto tag) {
     using A = typename decltype(tag)::type;
     welford_parallel_kernel<<<blocks, threads, 0, cuda::stream(device)>>>(
-        static_cast<const A*>(a.mean), static_cast<const A*>(a.var_biased), a.count, a.world, a.channels, A(a.eps),
-        static_cast<A*>(a.out_mean), static_cast<A*>(a.out_var), static_cast<A*>(a.inv_std));
+        static_cast<const A*>(a.mean), static_cast<const A*>(a.var_biased), a.count, a.elements, a.world, a.channels,
+        A(a.eps), static_cast<A*>(a.out_mean), static_cast<A*>(a.out_var), static_cast<A*>(a.inv_std),
+        static_cast<A*>(a.running_mean), static_cast<A*>(a.running_var), A(a.momentum));
   };
   if (a.dtype == Dtype::kFloat64) {
     merge(Type<double>{});

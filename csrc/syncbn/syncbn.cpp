@@ -3,13 +3,18 @@
 //
 // They are kernels of apex.parallel.SyncBatchNorm's autograd.Function (whose collectives run between
 // them), never differentiated themselves: registered Autograd::kNever, they cost no autograd work.
-// One process's training step (no collective) is one differentiable op instead, syncbn_batch_norm:
-// the same kernels, with its formula in C++, so that it costs the host what torch's BatchNorm does.
+// One process's step (no collective) is one differentiable op instead, syncbn_batch_norm (training)
+// or syncbn_batch_norm_eval, and one backward op: the same kernels, with the formula in C++, so that
+// it costs the host what torch's BatchNorm does.
 // Each op checks its arguments, brings them into the form the kernels assume (contiguous,
 // per-channel vectors in the statistics dtype), allocates outputs and runs one device's kernel.
-#include <ATen/ops/full.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/lerp.h>
 #include <ATen/ops/mul.h>
+#include <ATen/ops/rsqrt.h>
 
+#include <array>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -179,30 +184,40 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> grad_sums(const Tensor& dy, const Ten
   return {sum_dy, sum_dy_xmu, at::mul(sum_dy_xmu, s).to(weight_dtype), sum_dy.to(weight_dtype)};
 }
 
+// grad_input of checked, contiguous operands (per-channel vectors in the statistics dtype). `counts`:
+// [world] elements per channel of each rank, or undefined for one rank of `elements`. Without sums
+// (undefined sum_dy and sum_dy_xmu) the statistics were constants (running statistics, in eval).
+template <class Device>
+Tensor input_grad_of(const char* op, const Tensor& grad_output, const Tensor& input, const Tensor& mean,
+                     const Tensor& inv_std, const Tensor& weight, const Tensor& sum_dy, const Tensor& sum_dy_xmu,
+                     const Tensor& counts, const c10::SymInt& elements, bool channels_last) {
+  Tensor grad_input = at::empty_symint(input.sym_sizes(), input.options());
+  launch<Device>(input, [&](const auto& device) {
+    if (input.numel() == 0) return;
+    batchnorm_backward(device, InputGradArgs{grad_output.const_data_ptr(), input.const_data_ptr(),
+                                             mean.const_data_ptr(), inv_std.const_data_ptr(), data_or_null(weight),
+                                             data_or_null(sum_dy), data_or_null(sum_dy_xmu),
+                                             counts.defined() ? counts.const_data_ptr<int64_t>() : nullptr,
+                                             elements.expect_int(), counts.defined() ? counts.numel() : 1,
+                                             grad_input.mutable_data_ptr(), layout_of(input, channels_last),
+                                             floating_dtype(input, op, "input")});
+  });
+  return grad_input;
+}
+
 template <class Device>
 Tensor input_grad(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& inv_std,
                   const OptionalTensor& weight, const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& count,
                   bool channels_last) {
   const char* op = channels_last ? "syncbn_batchnorm_backward_c_last" : "syncbn_batchnorm_backward";
   const c10::SymInt channels = channels_of(op, x, channels_last);
-  const Tensor input = x.contiguous();
-  const Tensor grad_output = like_input(op, "grad_output", dy, x);
-  const Tensor m = channel_vector(op, "mean", mean, x, channels);
-  const Tensor s = channel_vector(op, "inv_std", inv_std, x, channels);
-  const Tensor w = optional_channel_vector(op, "weight", weight, x, channels);
-  const Tensor sums = channel_vector(op, "sum_dy", sum_dy, x, channels);
-  const Tensor sums_xmu = channel_vector(op, "sum_dy_xmu", sum_dy_xmu, x, channels);
-  const Tensor counts = counts_of(op, count, x);
-  Tensor grad_input = at::empty_symint(x.sym_sizes(), x.options());
-  launch<Device>(input, [&](const auto& device) {
-    if (input.numel() == 0) return;
-    batchnorm_backward(device, InputGradArgs{grad_output.const_data_ptr(), input.const_data_ptr(), m.const_data_ptr(),
-                                             s.const_data_ptr(), data_or_null(w), sums.const_data_ptr(),
-                                             sums_xmu.const_data_ptr(), counts.const_data_ptr<int64_t>(),
-                                             counts.numel(), grad_input.mutable_data_ptr(),
-                                             layout_of(input, channels_last), floating_dtype(input, op, "input")});
-  });
-  return grad_input;
+  return input_grad_of<Device>(op, like_input(op, "grad_output", dy, x), x.contiguous(),
+                               channel_vector(op, "mean", mean, x, channels),
+                               channel_vector(op, "inv_std", inv_std, x, channels),
+                               optional_channel_vector(op, "weight", weight, x, channels),
+                               channel_vector(op, "sum_dy", sum_dy, x, channels),
+                               channel_vector(op, "sum_dy_xmu", sum_dy_xmu, x, channels), counts_of(op, count, x),
+                               /*elements: unused with counts*/ 0, channels_last);
 }
 
 // ---- the ops -----------------------------------------------------------------------------------
@@ -251,9 +266,11 @@ struct WelfordParallel {
     Tensor out_var = at::empty_like(out_mean), inv_std = at::empty_like(out_mean);
     launch<Device>(means, [&](const auto& device) {
       welford_parallel(device, MergeArgs{means.const_data_ptr(), vars.const_data_ptr(), counts.const_data_ptr<int64_t>(),
-                                         out_mean.mutable_data_ptr(), out_var.mutable_data_ptr(),
-                                         inv_std.mutable_data_ptr(), means.size(0), means.size(1),
-                                         statistics == at::kDouble ? Dtype::kFloat64 : Dtype::kFloat32, eps});
+                                         /*elements: unused with counts*/ 0, out_mean.mutable_data_ptr(),
+                                         out_var.mutable_data_ptr(), inv_std.mutable_data_ptr(),
+                                         /*running_mean*/ nullptr, /*running_var*/ nullptr, means.size(0),
+                                         means.size(1), statistics == at::kDouble ? Dtype::kFloat64 : Dtype::kFloat32,
+                                         eps, /*momentum*/ 0});
     });
     return {out_mean, out_var, inv_std};
   }
@@ -332,7 +349,16 @@ struct ReluBackwardChannelsLast {
   }
 };
 
-// ---- one process's training step -----------------------------------------------------------
+// ---- one process's step: one differentiable op (training or eval) and one backward op ----------
+//
+// Without a collective between the kernels, a step of one process needs no autograd.Function: each
+// forward is one op whose formula runs in C++, and its backward one op, as torch's BatchNorm, so that
+// the host pays what it pays for torch's (one dispatch each way, no count tensor to fill, running
+// statistics updated by the kernel that computes the batch statistics).
+//
+// Layouts: `channels_last` runs the channels-innermost kernels on a (*, C) input; with `permuted`,
+// the input (and z) is (N, C, *) stored channels_last, read through its (N, *, C) view without a
+// copy, and the output is (N, C, *) stored channels_last too. z and fuse_relu need channels_last.
 
 // (N, C, *spatial) stored channels_last <-> its (N, *spatial, C) view, which the channels-last
 // kernels read without a copy.
@@ -348,94 +374,222 @@ Tensor from_channels_innermost(const Tensor& t) {
   return t.permute(order);
 }
 
+// The view of `t` the kernels read.
+Tensor kernel_view(const Tensor& t, bool permuted) { return permuted ? to_channels_innermost(t) : t; }
+OptionalTensor kernel_view(const OptionalTensor& t, bool permuted) {
+  return defined(t) ? OptionalTensor(kernel_view(*t, permuted)) : std::nullopt;
+}
+
+void check_step_layout(const char* op, const OptionalTensor& z, bool channels_last, bool permuted, bool fuse_relu) {
+  APEX_CHECK(!permuted || channels_last, op, ": permuted inputs are read channels-last");
+  APEX_CHECK(channels_last || (!defined(z) && !fuse_relu), op, ": z and fuse_relu need channels_last");
+}
+
 // A parameter as the kernels read it: in the statistics dtype of `input`.
 Tensor accumulate(const OptionalTensor& p, const Tensor& input) {
   return defined(p) ? p->to(statistics_dtype(input.scalar_type())) : Tensor();
 }
 
-// Elements per channel of a one-process batch, as the [world] counts the merge and the backward
-// kernel take.
-Tensor count_of(const Tensor& input, bool channels_last) {
-  const c10::SymInt channels = channels_last ? input.sym_size(-1) : input.sym_size(1);
-  return at::full_symint({1}, c10::Scalar(input.sym_numel() / channels), input.options().dtype(at::kLong));
+// What both forward ops keep for the shared backward (StepBackward): the input and z as given (the
+// backward op takes their kernel views itself, below autograd, where a view costs least), the
+// statistics the output was normalized with, the parameters.
+void save_step(AutogradContext& ctx, const Tensor& input, const OptionalTensor& z, const OptionalTensor& weight,
+               const OptionalTensor& bias, const Tensor& mean, const Tensor& inv_std, bool batch_statistics,
+               bool channels_last, bool permuted, bool fuse_relu) {
+  ctx.save_for_backward({input, z.value_or(Tensor()), weight.value_or(Tensor()), bias.value_or(Tensor()), mean,
+                         inv_std});
+  ctx.saved_data["batch_stats"] = batch_statistics;
+  ctx.saved_data["channels_last"] = channels_last;
+  ctx.saved_data["permuted"] = permuted;
+  ctx.saved_data["fuse_relu"] = fuse_relu;
+  ctx.set_materialize_grads(false);
 }
 
-// Batch norm of one process's batch with its own statistics, + z and relu when asked (channels
-// innermost only): (output, mean, unbiased var, 1 / sqrt(biased var + eps)), the statistics per
-// channel in the statistics dtype (mean and var are what the caller folds into its running
-// statistics). channels_last: input is (*, C); permuted:
-// input is (N, C, *) stored channels_last, and so is the output. Differentiable in input, z, weight
-// and bias.
+Grads step_grads(AutogradContext& ctx, const Grads& grads);
+
+// Batch norm of one process's batch with its own statistics, + z and relu when asked: (output, mean,
+// unbiased var, 1 / sqrt(biased var + eps)), the statistics per channel in the statistics dtype.
+// running_mean / running_var, when given, move toward the batch's mean and unbiased variance by
+// `momentum` (torch.nn.BatchNorm's update). Differentiable in input, z, weight and bias.
 struct BatchNormTrain {
   static constexpr const char* kSchema =
-      "syncbn_batch_norm(Tensor input, Tensor? z, Tensor? weight, Tensor? bias, float eps, bool channels_last, "
-      "bool permuted, bool fuse_relu) -> (Tensor output, Tensor mean, Tensor var, Tensor inv_std)";
+      "syncbn_batch_norm(Tensor input, Tensor? z, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+      "Tensor(b!)? running_var, float momentum, float eps, bool channels_last, bool permuted, bool fuse_relu) "
+      "-> (Tensor output, Tensor mean, Tensor var, Tensor inv_std)";
 
   template <class Device>
   static std::tuple<Tensor, Tensor, Tensor, Tensor> call(const Tensor& input, const OptionalTensor& z,
                                                          const OptionalTensor& weight, const OptionalTensor& bias,
+                                                         const OptionalTensor& running_mean,
+                                                         const OptionalTensor& running_var, double momentum,
                                                          double eps, bool channels_last, bool permuted,
                                                          bool fuse_relu) {
     const char* op = "syncbn_batch_norm";
-    APEX_CHECK(!permuted || channels_last, op, ": permuted inputs are read channels-last");
-    APEX_CHECK(channels_last || (!defined(z) && !fuse_relu), op, ": z and fuse_relu need channels_last");
-    const Tensor x = permuted ? to_channels_innermost(input) : input;
-    const OptionalTensor residual = defined(z) ? OptionalTensor(permuted ? to_channels_innermost(*z) : *z) : std::nullopt;
+    check_step_layout(op, z, channels_last, permuted, fuse_relu);
+    const Tensor x = kernel_view(input, permuted);
+    const c10::SymInt channels = channels_of(op, x, channels_last);
+    const c10::SymInt elements = x.sym_numel() / channels;  // per channel
+    TORCH_CHECK_VALUE(holds(elements.sym_gt(1)), message("SyncBatchNorm: expected more than 1 value per channel when "
+                                                         "training, got input of shape ", input.sym_sizes()));
+    APEX_CHECK(defined(running_mean) == defined(running_var), op, ": give both running statistics or neither");
+    const Tensor stats = running_statistics(op, running_mean, x, channels);
+    const Tensor stats_var = running_statistics(op, running_var, x, channels);
     auto [local_mean, local_var] = mean_var<Device>(x, channels_last);
-    auto [mean, var, inv_std] = WelfordParallel::call<Device>(local_mean.unsqueeze(0), local_var.unsqueeze(0),
-                                                              count_of(x, channels_last), eps);
-    const Tensor w = accumulate(weight, x), b = accumulate(bias, x);
-    Tensor out = channels_last ? normalize<Device>(op, x, residual, nullptr, mean, inv_std, w, b, fuse_relu, true)
-                               : normalize<Device>(op, x, std::nullopt, nullptr, mean, inv_std, w, b, false, false);
+    Tensor mean = at::empty_like(local_mean), var = at::empty_like(local_mean), inv_std = at::empty_like(local_mean);
+    // The merge kernel updates running statistics it can write as they are (contiguous, statistics
+    // dtype); others (a module converted to half, say) are updated from its results.
+    const bool in_kernel = stats.defined() && stats.is_same(*running_mean) && stats_var.is_same(*running_var);
+    launch<Device>(local_mean, [&](const auto& device) {
+      welford_parallel(device, MergeArgs{local_mean.const_data_ptr(), local_var.const_data_ptr(), /*count*/ nullptr,
+                                         elements.expect_int(), mean.mutable_data_ptr(), var.mutable_data_ptr(),
+                                         inv_std.mutable_data_ptr(),
+                                         in_kernel ? running_mean->mutable_data_ptr() : nullptr,
+                                         in_kernel ? running_var->mutable_data_ptr() : nullptr, /*world*/ 1,
+                                         local_mean.numel(), floating_dtype(mean, op, "mean"), eps, momentum});
+      if (stats.defined() && !in_kernel) {
+        running_mean->lerp_(mean.to(running_mean->scalar_type()), momentum);
+        running_var->lerp_(var.to(running_var->scalar_type()), momentum);
+      }
+    });
+    const Tensor out = channels_last ? normalize<Device>(op, x, kernel_view(z, permuted), nullptr, mean, inv_std,
+                                                         accumulate(weight, x), accumulate(bias, x), fuse_relu, true)
+                                     : normalize<Device>(op, x, std::nullopt, nullptr, mean, inv_std,
+                                                         accumulate(weight, x), accumulate(bias, x), false, false);
     return {permuted ? from_channels_innermost(out) : out, mean, var, inv_std};
   }
 
   static void save(AutogradContext& ctx, const Tensor& input, const OptionalTensor& z, const OptionalTensor& weight,
-                   const OptionalTensor& bias, double eps, bool channels_last, bool permuted, bool fuse_relu,
-                   const std::tuple<Tensor, Tensor, Tensor, Tensor>& outputs) {
+                   const OptionalTensor& bias, const OptionalTensor& /*running_mean*/,
+                   const OptionalTensor& /*running_var*/, double /*momentum*/, double /*eps*/, bool channels_last,
+                   bool permuted, bool fuse_relu, const std::tuple<Tensor, Tensor, Tensor, Tensor>& outputs) {
     const auto& [output, mean, var, inv_std] = outputs;
-    const Tensor x = (permuted ? to_channels_innermost(input) : input).contiguous();
-    Tensor residual;
-    if (defined(z)) residual = (permuted ? to_channels_innermost(*z) : *z).contiguous();
-    ctx.save_for_backward({x, weight.value_or(Tensor()), accumulate(weight, x), mean, inv_std, residual,
-                           fuse_relu ? accumulate(bias, x) : Tensor()});
-    ctx.saved_data["channels_last"] = channels_last;
-    ctx.saved_data["permuted"] = permuted;
-    ctx.saved_data["fuse_relu"] = fuse_relu;
+    save_step(ctx, input, z, weight, bias, mean, inv_std, /*batch_statistics=*/true, channels_last, permuted,
+              fuse_relu);
     ctx.mark_non_differentiable({mean, var, inv_std});
-    ctx.set_materialize_grads(false);
   }
 
-  static Grads backward(AutogradContext& ctx, Grads grads) {
-    if (!grads[0].defined()) return {};
-    const Grads saved = ctx.get_saved_variables();
-    const Tensor &x = saved[0], &weight = saved[1], &weight_acc = saved[2], &mean = saved[3], &inv_std = saved[4],
-                 &z = saved[5], &bias_acc = saved[6];
-    const bool channels_last = ctx.saved_data["channels_last"].toBool();
-    const bool permuted = ctx.saved_data["permuted"].toBool();
-    const auto optional = [](const Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; };
-    Tensor dy = (permuted ? to_channels_innermost(grads[0]) : grads[0]).contiguous();
-    if (ctx.saved_data["fuse_relu"].toBool()) {
-      dy = call_op<ReluBackwardChannelsLast>(dy, x, optional(z), mean, inv_std, optional(weight_acc), optional(bias_acc));
-    }
-    Tensor grad_z;
-    if (z.defined() && ctx.needs_input_grad(1)) grad_z = permuted ? from_channels_innermost(dy.clone()) : dy.clone();
-    auto [sum_dy, sum_dy_xmu, grad_weight, grad_bias] =
-        channels_last ? call_op<ReduceBn<true>>(dy, x, mean, inv_std, optional(weight))
-                      : call_op<ReduceBn<false>>(dy, x, mean, inv_std, optional(weight));
-    Tensor grad_input;
-    if (ctx.needs_input_grad(0)) {
-      const Tensor count = count_of(x, channels_last);
-      grad_input = channels_last ? call_op<BatchnormBackward<true>>(dy, x, mean, inv_std, optional(weight_acc), sum_dy,
-                                                                    sum_dy_xmu, count)
-                                 : call_op<BatchnormBackward<false>>(dy, x, mean, inv_std, optional(weight_acc), sum_dy,
-                                                                     sum_dy_xmu, count);
-      if (permuted) grad_input = from_channels_innermost(grad_input);
-    }
-    if (!weight.defined()) grad_weight = grad_bias = Tensor();
-    return {grad_input, grad_z, grad_weight, grad_bias};
+  static Grads backward(AutogradContext& ctx, Grads grads) { return step_grads(ctx, grads); }
+
+ private:
+  // A running statistic ([C] floating, on the input's device) in the statistics dtype, contiguous:
+  // itself when it already is; undefined when not given.
+  static Tensor running_statistics(const char* op, const OptionalTensor& running, const Tensor& x,
+                                   const c10::SymInt& channels) {
+    return defined(running) ? channel_vector(op, "running statistics", *running, x, channels) : Tensor();
   }
 };
+
+// Batch norm with running statistics (eval): (output, 1 / sqrt(running_var + eps)). Differentiable in
+// input, z, weight and bias; the statistics are constants.
+struct BatchNormEval {
+  static constexpr const char* kSchema =
+      "syncbn_batch_norm_eval(Tensor input, Tensor? z, Tensor? weight, Tensor? bias, Tensor running_mean, "
+      "Tensor running_var, float eps, bool channels_last, bool permuted, bool fuse_relu) "
+      "-> (Tensor output, Tensor inv_std)";
+
+  template <class Device>
+  static std::tuple<Tensor, Tensor> call(const Tensor& input, const OptionalTensor& z, const OptionalTensor& weight,
+                                         const OptionalTensor& bias, const Tensor& running_mean,
+                                         const Tensor& running_var, double eps, bool channels_last, bool permuted,
+                                         bool fuse_relu) {
+    const char* op = "syncbn_batch_norm_eval";
+    check_step_layout(op, z, channels_last, permuted, fuse_relu);
+    const Tensor x = kernel_view(input, permuted);
+    const c10::SymInt channels = channels_of(op, x, channels_last);
+    const Tensor mean = channel_vector(op, "running_mean", running_mean, x, channels);
+    const Tensor inv_std = at::rsqrt(at::add(channel_vector(op, "running_var", running_var, x, channels), eps));
+    const Tensor out = channels_last ? normalize<Device>(op, x, kernel_view(z, permuted), nullptr, mean, inv_std,
+                                                         accumulate(weight, x), accumulate(bias, x), fuse_relu, true)
+                                     : normalize<Device>(op, x, std::nullopt, nullptr, mean, inv_std,
+                                                         accumulate(weight, x), accumulate(bias, x), false, false);
+    return {permuted ? from_channels_innermost(out) : out, inv_std};
+  }
+
+  static void save(AutogradContext& ctx, const Tensor& input, const OptionalTensor& z, const OptionalTensor& weight,
+                   const OptionalTensor& bias, const Tensor& running_mean, const Tensor& /*running_var*/,
+                   double /*eps*/, bool channels_last, bool permuted, bool fuse_relu,
+                   const std::tuple<Tensor, Tensor>& outputs) {
+    const auto& [output, inv_std] = outputs;
+    save_step(ctx, input, z, weight, bias, running_mean.to(inv_std.scalar_type()), inv_std,
+              /*batch_statistics=*/false, channels_last, permuted, fuse_relu);
+    ctx.mark_non_differentiable({inv_std});
+  }
+
+  static Grads backward(AutogradContext& ctx, Grads grads) { return step_grads(ctx, grads); }
+};
+
+// The gradients of either forward op: (grad_input, grad_z, grad_weight, grad_bias), each computed
+// only when asked (else empty). Operands and gradients in the forward's layout (see the section's
+// comment); grad_weight / grad_bias in weight's dtype, empty without a weight.
+struct StepBackward {
+  static constexpr const char* kSchema =
+      "syncbn_batch_norm_bwd(Tensor grad_output, Tensor input, Tensor? z, Tensor? weight, Tensor? bias, Tensor mean, "
+      "Tensor inv_std, bool batch_statistics, bool channels_last, bool permuted, bool fuse_relu, "
+      "bool[3] output_mask) -> (Tensor grad_input, Tensor grad_z, Tensor grad_weight, Tensor grad_bias)";
+
+  template <class Device>
+  static std::tuple<Tensor, Tensor, Tensor, Tensor> call(const Tensor& grad_output, const Tensor& input,
+                                                         const OptionalTensor& z, const OptionalTensor& weight,
+                                                         const OptionalTensor& bias, const Tensor& mean,
+                                                         const Tensor& inv_std, bool batch_statistics,
+                                                         bool channels_last, bool permuted, bool fuse_relu,
+                                                         std::array<bool, 3> output_mask) {
+    const char* op = "syncbn_batch_norm_bwd";
+    check_step_layout(op, z, channels_last, permuted, fuse_relu);
+    const auto [want_input, want_z, want_parameters] = output_mask;
+    const Tensor x = kernel_view(input, permuted).contiguous();
+    const c10::SymInt channels = channels_of(op, x, channels_last);
+    const Tensor m = channel_vector(op, "mean", mean, x, channels);
+    const Tensor s = channel_vector(op, "inv_std", inv_std, x, channels);
+    const Tensor w = accumulate(weight, x);
+    Tensor dy = like_input(op, "grad_output", kernel_view(grad_output, permuted), x);
+    if (fuse_relu) {
+      dy = normalize<Device>(op, x, kernel_view(z, permuted), &dy, m, s, w, accumulate(bias, x), true, true);
+    }
+    const auto none = [&] { return at::empty({0}, x.options()); };  // one each: outputs never alias
+    const auto layout = [&](const Tensor& g) { return permuted ? from_channels_innermost(g) : g; };
+    const Tensor grad_z = want_z && defined(z) ? layout(fuse_relu ? dy : dy.clone()) : none();
+    Tensor sum_dy, sum_dy_xmu, grad_weight, grad_bias;
+    if (batch_statistics || (want_parameters && defined(weight))) {
+      std::tie(sum_dy, sum_dy_xmu, grad_weight, grad_bias) = grad_sums<Device>(dy, x, m, s, weight, channels_last);
+    }
+    if (!want_parameters || !grad_weight.defined()) {
+      grad_weight = none();
+      grad_bias = none();
+    }
+    if (!want_input) return {none(), grad_z, grad_weight, grad_bias};
+    // Constant statistics (eval): no sums, dx = dy * inv_std * weight.
+    const Tensor grad_input = batch_statistics ? input_grad_of<Device>(op, dy, x, m, s, w, sum_dy, sum_dy_xmu, Tensor(),
+                                                                       x.sym_numel() / channels, channels_last)
+                                               : input_grad_of<Device>(op, dy, x, m, s, w, Tensor(), Tensor(), Tensor(),
+                                                                       1, channels_last);
+    return {layout(grad_input), grad_z, grad_weight, grad_bias};
+  }
+};
+
+Grads step_grads(AutogradContext& ctx, const Grads& grads) {
+  if (!grads[0].defined()) return {};
+  const Grads saved = ctx.get_saved_variables();
+  const Tensor &x = saved[0], &z = saved[1], &weight = saved[2], &bias = saved[3], &mean = saved[4],
+               &inv_std = saved[5];
+  const bool permuted = ctx.saved_data["permuted"].toBool(), fuse_relu = ctx.saved_data["fuse_relu"].toBool();
+  const auto optional = [](const Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; };
+  // needs_input_grad counts the tensors given: input, then z, weight and bias where given.
+  size_t index = 1;
+  const bool want_z = z.defined() && ctx.needs_input_grad(index++);
+  bool want_parameters = weight.defined() && ctx.needs_input_grad(index++);
+  if (bias.defined()) want_parameters = (ctx.needs_input_grad(index) || want_parameters) && weight.defined();
+  // A plain backward records nothing: straight to the kernel, past the backward op's Autograd kernel
+  // (a boxed not-implemented check). Under create_graph it goes through that check, which refuses.
+  std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+  if (!at::GradMode::is_enabled()) below_autograd.emplace();
+  auto [grad_input, grad_z, grad_weight, grad_bias] = call_op<StepBackward>(
+      grads[0], x, optional(z), optional(weight), fuse_relu ? optional(bias) : std::nullopt, mean, inv_std,
+      ctx.saved_data["batch_stats"].toBool(), ctx.saved_data["channels_last"].toBool(), permuted, fuse_relu,
+      std::array<bool, 3>{ctx.needs_input_grad(0), want_z, want_parameters});
+  return {ctx.needs_input_grad(0) ? grad_input : Tensor(), want_z ? grad_z : Tensor(),
+          want_parameters ? grad_weight : Tensor(), want_parameters ? grad_bias : Tensor()};
+}
 
 }  // namespace
 
@@ -451,6 +605,10 @@ APEX_LIBRARY(m) {
   define<BatchnormBackward<true>>(m, Autograd::kNever);
   define<ReluBackwardChannelsLast>(m, Autograd::kNever);
   define_differentiable<BatchNormTrain>(m);
+  define_differentiable<BatchNormEval>(m);
+  define_first_output<BatchNormTrain>(m);  // the eager Python calls
+  define_first_output<BatchNormEval>(m);
+  define<StepBackward>(m);
 }
 
 }  // namespace apex::syncbn

@@ -46,17 +46,22 @@ struct GradSumsArgs {
 };
 
 // welford_parallel: merges [world, C] means and biased variances with [world] counts into the
-// global mean, unbiased variance and 1 / sqrt(biased variance + eps).
+// global mean, unbiased variance and 1 / sqrt(biased variance + eps); then, when given, moves the
+// running statistics toward them: running += momentum * (statistic - running).
 struct MergeArgs {
   const void* mean;
   const void* var_biased;
-  const int64_t* count;
+  const int64_t* count;  // [world] elements per channel of each rank, on the device; or null: one
+  int64_t elements;      // rank of `elements` (a host value: one process's step fills no count tensor)
   void* out_mean;
   void* out_var;
   void* inv_std;
+  void* running_mean;  // [C] of the statistics type, or null (not updated)
+  void* running_var;   // [C] of the statistics type, or null
   int64_t world, channels;
   Dtype dtype;  // of the statistics: float32 or float64
   double eps;
+  double momentum;
 };
 
 // batchnorm_forward: out = (x - mean) * inv_std * weight + shift [+ z] [relu].
@@ -83,9 +88,10 @@ struct InputGradArgs {
   const void* mean;
   const void* inv_std;
   const void* weight;  // or null (1)
-  const void* sum_dy;
+  const void* sum_dy;      // or null, with sum_dy_xmu: 0 (statistics that are constants, as in eval)
   const void* sum_dy_xmu;
-  const int64_t* count;
+  const int64_t* count;  // [world] on the device, or null: `elements` (see MergeArgs)
+  int64_t elements;
   int64_t world;
   void* grad_input;
   Layout layout;

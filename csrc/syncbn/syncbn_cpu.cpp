@@ -161,16 +161,23 @@ void welford_parallel(const Cpu&, const MergeArgs& a) {
     using A = typename decltype(tag)::type;
     const A* means = static_cast<const A*>(a.mean);
     const A* vars = static_cast<const A*>(a.var_biased);
+    const auto move_toward = [&](void* running, int64_t c, A statistic) {
+      if (running) static_cast<A*>(running)[c] += A(a.momentum) * (statistic - static_cast<A*>(running)[c]);
+    };
     at::parallel_for(0, a.channels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
         auto state = WelfordState<A>::empty();
         for (int64_t r = 0; r < a.world; ++r) {
           const int64_t i = r * a.channels + c;
-          state.merge({means[i], vars[i] * A(a.count[r]), a.count[r]});
+          const int64_t n = a.count ? a.count[r] : a.elements;
+          state.merge({means[i], vars[i] * A(n), n});
         }
+        const A var = state.m2 / A(state.count - 1);
         static_cast<A*>(a.out_mean)[c] = state.mean;
-        static_cast<A*>(a.out_var)[c] = state.m2 / A(state.count - 1);
+        static_cast<A*>(a.out_var)[c] = var;
         static_cast<A*>(a.inv_std)[c] = A(1) / std::sqrt(state.biased_var() + A(a.eps));
+        move_toward(a.running_mean, c, state.mean);
+        move_toward(a.running_var, c, var);
       }
     });
   };
@@ -198,8 +205,8 @@ void relu_backward(const Cpu&, const NormalizeArgs& a) {
 }
 
 void batchnorm_backward(const Cpu&, const InputGradArgs& a) {
-  int64_t total = 0;
-  for (int64_t r = 0; r < a.world; ++r) total += a.count[r];
+  int64_t total = a.count ? 0 : a.elements;
+  for (int64_t r = 0; a.count && r < a.world; ++r) total += a.count[r];
   APEX_CHECK(total > 0, "syncbn_batchnorm_backward: count must sum to a positive number of elements, got ", total);
   dispatch_floating(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -71,7 +71,7 @@ void forward_rows(const ForwardArgs& args) {
       }
       const Acc* x = row_as_acc(logits + row * view.row_stride, view.classes, buffer);
       const Acc lse = log_sum_exp(x, view.classes);
-      const Acc sum = args.smoothing != 0.0 ? sum_of(x, view.classes) : Acc(0);
+      const Acc sum = args.smoothing != 0.0 ? sum_of(x, view.classes) : Acc(0);  // row_loss ignores it unsmoothed
       lses[row] = lse;
       losses[row] = kind == Label::kValid ? row_loss(lse, x[label], sum, view.classes, args.smoothing) : quiet_nan<Acc>();
     }

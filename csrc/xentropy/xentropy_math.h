@@ -15,11 +15,13 @@ C10_HOST_DEVICE inline Label classify(int64_t label, int64_t ignore_index, int64
 }
 
 // -(1 - s) * log p_y - s * mean_j log p_j, from the row's log-sum-exp, its label's logit and the
-// sum of its logits.
+// sum of its logits. Without smoothing the sum takes no part: a -inf logit (a masked class) makes it
+// -inf, and 0 * -inf would be NaN where torch gives the finite -log p_y.
 template <class Acc>
 C10_HOST_DEVICE inline Acc row_loss(Acc lse, Acc label_logit, Acc logit_sum, int64_t classes, double smoothing) {
   const Acc s = static_cast<Acc>(smoothing);
-  return lse - (Acc(1) - s) * label_logit - s * logit_sum / static_cast<Acc>(classes);
+  const Acc smoothed = smoothing == 0.0 ? Acc(0) : s * logit_sum / static_cast<Acc>(classes);
+  return lse - (Acc(1) - s) * label_logit - smoothed;
 }
 
 // dloss/dx_j = g * (p_j - s / V - (1 - s) [j == y]) = g * p_j - uniform - (j == y ? target : 0).

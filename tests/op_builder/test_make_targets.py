@@ -46,7 +46,7 @@ def test_make_says_which_python_it_uses_and_defaults_to_a_venv():
     assert "/opt/some/venv/bin/python examples/gpt_demo.py" in named.stdout
     env = dict(os.environ)
     env.pop("VIRTUAL_ENV", None)
-    default = _make("-n", "test", env=env)
+    default = _make("-n", "-B", "test", env=env)  # -B: the venv recipe shows even where .venv exists
     assert ".venv/bin/python -m pytest" in default.stdout and "python3 -m venv" in default.stdout
     active = _make("-n", "test", env=dict(env, VIRTUAL_ENV="/opt/active"))
     assert "/opt/active/bin/python -m pytest" in active.stdout

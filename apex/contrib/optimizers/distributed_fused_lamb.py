@@ -1,6 +1,7 @@
 """DistributedFusedLAMB: LAMB with ZeRO-2 sharding on torch.distributed (NVIDIA apex's API)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -168,40 +169,19 @@ class DistributedFusedLAMB(ZeroOptimizer):
         self._gather_pipeline(self._bucket_batches(), lambda batch: [works[b] for b in batch])
 
     def _moments(self, group: dict[str, Any], lists: list[list[torch.Tensor]], global_norm: torch.Tensor) -> None:
-        """LAMB's first stage: moments and update direction, written over the gradients (float32).
-
-        With every option of LAMB: the gradient scale, clipping by ``global_norm``, L2 or
-        decoupled decay, (1 - beta1) averaging, bias correction. amp_C's whole-step LAMB keeps
-        its update direction to itself and its stage-1 kernel lacks these options, so this stage
-        is a handful of foreach launches; the trust ratio needs norms of whole parameters, which
-        only exist once the ranks' fragment norms are summed, and the stage-2 kernel applies it.
-        With the no-op flag set (a capturable step that overflowed) the moments are kept.
-        """
+        """LAMB's first stage, one amp_C launch: the moments, and the update direction written over
+        the gradients (float32), with every option of LAMB (the gradient scale, clipping by
+        ``global_norm``, L2 or decoupled decay, (1 - beta1) averaging, bias correction). The trust
+        ratio needs norms of whole parameters, which only exist once the ranks' fragment norms are
+        summed: the stage-2 kernel applies it."""
         grads, params, exp_avgs, exp_avg_sqs = lists
         beta1, beta2 = group["betas"]
-        decay = group["weight_decay"]
-        scale = self._grad_scale.reshape(())
-        if group["max_grad_norm"] > 0:
-            scale = scale / torch.clamp(global_norm.reshape(()).float() / group["max_grad_norm"], min=1.0)
-        scaled = torch._foreach_mul(grads, scale)
-        if decay != 0 and not self.adam_w_mode:
-            torch._foreach_add_(scaled, params, alpha=decay)
-        keep = (self._noop_flag == 0).float().reshape(())
-        averaged = 1.0 - beta1 if group["grad_averaging"] else 1.0
-        new_avgs = torch._foreach_add(torch._foreach_mul(exp_avgs, beta1), scaled, alpha=averaged)
-        new_sqs = torch._foreach_addcmul(torch._foreach_mul(exp_avg_sqs, beta2), scaled, scaled, value=1.0 - beta2)
-        torch._foreach_lerp_(exp_avgs, new_avgs, keep)  # weight 1 gives exactly the new value
-        torch._foreach_lerp_(exp_avg_sqs, new_sqs, keep)
-        step = self._step_tensor.reshape(())
-        if group["bias_correction"]:
-            first, second = 1.0 - torch.pow(beta1, step), 1.0 - torch.pow(beta2, step)
-        else:
-            first = second = torch.ones((), dtype=torch.float32, device=step.device)
-        denominators = torch._foreach_add_(torch._foreach_sqrt(torch._foreach_div(exp_avg_sqs, second)), group["eps"])
-        updates = torch._foreach_div(torch._foreach_div(exp_avgs, first), denominators)
-        if decay != 0 and self.adam_w_mode:
-            torch._foreach_add_(updates, params, alpha=decay)
-        torch._foreach_copy_(grads, updates)
+        max_grad_norm = group["max_grad_norm"] or math.inf  # 0: never clip
+        multi_tensor_applier(
+            amp_c().multi_tensor_lamb_direction, self._noop_flag, [grads, params, exp_avgs, exp_avg_sqs, grads], beta1,
+            beta2, group["eps"], self._step_tensor, int(group["bias_correction"]), group["weight_decay"],
+            int(group["grad_averaging"]), int(self.adam_w_mode), global_norm, max_grad_norm, self._grad_scale,
+        )  # fmt: skip
 
     def _per_param_norms(self, pieces: list[tuple[list[torch.Tensor], torch.Tensor]]) -> torch.Tensor:
         """L2 norm of each whole parameter, from the fragments ``pieces`` = [(tensors, their

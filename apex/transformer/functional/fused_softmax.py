@@ -30,64 +30,58 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # ---- the historical autograd functions -----------------------------------------------------------
 
-def _function_forward(ctx, module: str, inputs: torch.Tensor, *mask_and_scale):
-    probs = getattr(ops(_LIBRARY), f"{module}_forward")(inputs, *mask_and_scale)
-    ctx.save_for_backward(probs)
-    ctx.module, ctx.scale = module, float(mask_and_scale[-1])
-    return probs
+class _FusedSoftmaxFunction(torch.autograd.Function):
+    """What the four historical autograd Functions share. A subclass names its op pair in ``op``
+    (``<op>_forward`` / ``<op>_backward`` of the fused_softmax library) and gets
+    ``forward(ctx, inputs, [mask,] scale)``, which saves the probabilities, and ``backward``, which
+    reads them (no gradient for mask or scale)."""
+
+    op: str
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        op = cls.op
+
+        def forward(ctx, inputs, *mask_and_scale):
+            probs = getattr(ops(_LIBRARY), f"{op}_forward")(inputs, *mask_and_scale)
+            ctx.save_for_backward(probs)
+            ctx.scale = float(mask_and_scale[-1])
+            ctx.non_differentiable_inputs = len(mask_and_scale)
+            return probs
+
+        def backward(ctx, output_grads):
+            (probs,) = ctx.saved_tensors
+            grad = getattr(ops(_LIBRARY), f"{op}_backward")(output_grads, probs, ctx.scale)
+            return (grad,) + (None,) * ctx.non_differentiable_inputs
+
+        forward.__qualname__, backward.__qualname__ = f"{cls.__qualname__}.forward", f"{cls.__qualname__}.backward"
+        cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
 
 
-def _function_backward(ctx, output_grads: torch.Tensor) -> torch.Tensor:
-    (probs,) = ctx.saved_tensors
-    return getattr(ops(_LIBRARY), f"{ctx.module}_backward")(output_grads, probs, ctx.scale)
+class ScaledUpperTriangMaskedSoftmax(_FusedSoftmaxFunction):
+    """softmax(scale * inputs) with the causal mask: ``apply(inputs, scale)``, inputs [attn_batches, sq, sq],
+    float16 / bfloat16 / float32."""
+
+    op = "scaled_upper_triang_masked_softmax"
 
 
-class ScaledUpperTriangMaskedSoftmax(torch.autograd.Function):
-    """softmax(scale * inputs) with the causal mask: inputs [attn_batches, sq, sq], float16 / bfloat16 / float32."""
+class ScaledMaskedSoftmax(_FusedSoftmaxFunction):
+    """softmax(scale * inputs) with mask (True = masked out): ``apply(inputs, mask, scale)``, inputs
+    [b, np, sq, sk], mask [b|1, np|1, sq|1, sk] bool."""
 
-    @staticmethod
-    def forward(ctx, inputs, scale):
-        return _function_forward(ctx, "scaled_upper_triang_masked_softmax", inputs, scale)
-
-    @staticmethod
-    def backward(ctx, output_grads):
-        return _function_backward(ctx, output_grads), None
+    op = "scaled_masked_softmax"
 
 
-class ScaledMaskedSoftmax(torch.autograd.Function):
-    """softmax(scale * inputs) with mask (True = masked out): inputs [b, np, sq, sk], mask [b|1, np|1, sq|1, sk] bool."""
-
-    @staticmethod
-    def forward(ctx, inputs, mask, scale):
-        return _function_forward(ctx, "scaled_masked_softmax", inputs, mask, scale)
-
-    @staticmethod
-    def backward(ctx, output_grads):
-        return _function_backward(ctx, output_grads), None, None
-
-
-class GenericScaledMaskedSoftmax(torch.autograd.Function):
+class GenericScaledMaskedSoftmax(_FusedSoftmaxFunction):
     """ScaledMaskedSoftmax under its "generic" (any sk) name: the kernels are the same."""
 
-    @staticmethod
-    def forward(ctx, inputs, mask, scale):
-        return _function_forward(ctx, "generic_scaled_masked_softmax", inputs, mask, scale)
-
-    @staticmethod
-    def backward(ctx, output_grads):
-        return _function_backward(ctx, output_grads), None, None
+    op = "generic_scaled_masked_softmax"
 
 
-class ScaledSoftmax(torch.autograd.Function):
-    """softmax(scale * inputs) over the last dim of inputs [b, np, sq, sk]."""
+class ScaledSoftmax(_FusedSoftmaxFunction):
+    """softmax(scale * inputs) over the last dim of inputs [b, np, sq, sk]: ``apply(inputs, scale)``."""
 
-    @staticmethod
-    def forward(ctx, inputs, scale):
-        return _function_forward(ctx, "scaled_softmax", inputs, scale)
-
-    @staticmethod
-    def backward(ctx, output_grads):
-        return _function_backward(ctx, output_grads), None
+    op = "scaled_softmax"
 
 
 # ---- the functional forms (differentiable ops; inputs cast to the autocast dtype inside autocast) ---

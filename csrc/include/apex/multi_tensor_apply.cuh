@@ -124,16 +124,7 @@ __device__ __forceinline__ void load_tile(char* const (&base)[TL::kDepth], int64
 #pragma unroll
     for (int g = 0; g < Shape::kAccesses; ++g) {
       const int64_t i = tile + (static_cast<int64_t>(g) * Config::kThreads + threadIdx.x) * Shape::kGroup;
-      if (aligned && i + Shape::kGroup <= end) {
-        const auto vector = load_vector<Shape::kGroup>(p, i);
-#pragma unroll
-        for (int k = 0; k < Shape::kGroup; ++k) x[d][g * Shape::kGroup + k] = static_cast<M>(vector.value[k]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < Shape::kGroup; ++k) {
-          x[d][g * Shape::kGroup + k] = i + k < end ? static_cast<M>(p[i + k]) : M(0);
-        }
-      }
+      load_group<Shape::kGroup>(p, i, end, aligned, &x[d][g * Shape::kGroup]);
     }
   });
 }
@@ -149,17 +140,7 @@ __device__ __forceinline__ void store_tile(char* const (&base)[TL::kDepth], int6
 #pragma unroll
     for (int g = 0; g < Shape::kAccesses; ++g) {
       const int64_t i = tile + (static_cast<int64_t>(g) * Config::kThreads + threadIdx.x) * Shape::kGroup;
-      if (aligned && i + Shape::kGroup <= end) {
-        AlignedVector<T, Shape::kGroup> vector;
-#pragma unroll
-        for (int k = 0; k < Shape::kGroup; ++k) vector.value[k] = static_cast<T>(x[d][g * Shape::kGroup + k]);
-        store_vector<Shape::kGroup>(p, i, vector);
-      } else {
-#pragma unroll
-        for (int k = 0; k < Shape::kGroup; ++k) {
-          if (i + k < end) p[i + k] = static_cast<T>(x[d][g * Shape::kGroup + k]);
-        }
-      }
+      store_group<Shape::kGroup>(p, i, end, aligned, &x[d][g * Shape::kGroup]);
     }
   });
 }

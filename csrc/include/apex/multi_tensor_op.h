@@ -25,6 +25,7 @@
 #include <ATen/ops/empty_strided.h>
 
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "apex/multi_tensor_kernel.h"
@@ -42,12 +43,22 @@ struct ListArg {
   bool optional = false;  // may be empty: the call leaves the list out
 };
 
+// A scalar tensor argument of a call (lr, step, inv_scale, ...), for Lists::check_scalars.
+struct ScalarTensorArg {
+  const char* name;
+  const at::Tensor& tensor;
+  bool per_tensor = false;  // may hold one value per tensor of the call (step counts)
+};
+
+inline void check_scalar(const char* op, const char* what, const at::Tensor& x, const at::Tensor& flag,
+                         int64_t count = 1);
+
 class Lists {
  public:
   // allow_double: the op computes float64 lists (in double); others take float32, float16 and bfloat16.
-  Lists(const char* op, int64_t chunk_size, const at::Tensor& flag, std::initializer_list<ListArg> lists,
+  Lists(const char* op, int64_t chunk_size, const at::Tensor& flag, std::vector<ListArg> lists,
         bool allow_double = false)
-      : op_(op), chunk_size_(chunk_size), flag_(flag), lists_(lists), allow_double_(allow_double) {
+      : op_(op), chunk_size_(chunk_size), flag_(flag), lists_(std::move(lists)), allow_double_(allow_double) {
     APEX_CHECK(static_cast<int>(lists_.size()) <= kMaxLists, op, ": at most ", kMaxLists, " tensor lists");
     APEX_CHECK(chunk_size > 0, op, ": chunk_size must be positive, got ", chunk_size);
     APEX_CHECK(flag.scalar_type() == at::kInt, op, ": the noop/overflow flag must be an int32 tensor, got ",
@@ -56,7 +67,10 @@ class Lists {
     const ListArg& first = lists_.front();
     APEX_CHECK(!first.tensors.empty(), op, ": the tensor lists are empty (", first.name, " has no tensors)");
     count_ = static_cast<int64_t>(first.tensors.size());
-    for (size_t l = 0; l < lists_.size(); ++l) check_list(static_cast<int>(l));
+    // The call's shape (which lists, how many tensors) before its tensors: a list left out is
+    // named as such even when the tensors given also sit on the wrong device.
+    for (size_t l = 0; l < lists_.size(); ++l) check_list_length(static_cast<int>(l));
+    for (size_t l = 0; l < lists_.size(); ++l) check_tensors(static_cast<int>(l));
   }
 
   const char* op() const { return op_; }
@@ -67,6 +81,11 @@ class Lists {
   at::ScalarType scalar_type(int list) const { return lists_[list].tensors[0].scalar_type(); }
   Dtype dtype(int list) const { return floating_dtype(lists_[list].tensors[0], op_, lists_[list].name); }
   const char* name(int list) const { return lists_[list].name; }
+
+  // check_scalar for each of the call's scalar tensor arguments, in order.
+  void check_scalars(std::initializer_list<ScalarTensorArg> scalars) const {
+    for (const ScalarTensorArg& s : scalars) check_scalar(op_, s.name, s.tensor, flag_, s.per_tensor ? count_ : 1);
+  }
 
   // Rows of 2-d+ tensors (AdamP's channels) must be contiguous runs in memory: dim 0 outermost.
   void require_rows_outermost() { rows_outermost_ = true; }
@@ -114,15 +133,20 @@ class Lists {
     at::Tensor temporary;
   };
 
-  void check_list(int l) {
+  void check_list_length(int l) const {
     const ListArg& list = lists_[l];
-    const char* op = op_;
     if (list.tensors.empty()) {
-      APEX_CHECK(list.optional, op, ": the tensor lists are empty (", list.name, " has no tensors)");
+      APEX_CHECK(list.optional, op_, ": the tensor lists are empty (", list.name, " has no tensors)");
       return;
     }
-    APEX_CHECK(static_cast<int64_t>(list.tensors.size()) == count_, op, ": tensor list ", l, " (", list.name,
+    APEX_CHECK(static_cast<int64_t>(list.tensors.size()) == count_, op_, ": tensor list ", l, " (", list.name,
                ") has ", list.tensors.size(), " tensors but list 0 (", lists_[0].name, ") has ", count_);
+  }
+
+  void check_tensors(int l) const {
+    const ListArg& list = lists_[l];
+    const char* op = op_;
+    if (list.tensors.empty()) return;  // an optional list left out
     const at::ScalarType dtype = list.tensors[0].defined() ? list.tensors[0].scalar_type() : at::kFloat;
     for (int64_t t = 0; t < count_; ++t) {
       const at::Tensor& x = list.tensors[t];
@@ -235,7 +259,7 @@ void launch_lists(Lists& lists, const at::Tensor& flag, Kernel&& kernel) {
 // A scalar tensor argument (lr, step, inv_scale, ...): `count` elements (one per tensor of the
 // call) or one, on the flag's device (read by the kernel) or a one-element CPU tensor (read now).
 inline void check_scalar(const char* op, const char* what, const at::Tensor& x, const at::Tensor& flag,
-                         int64_t count = 1) {
+                         int64_t count) {
   APEX_CHECK(x.defined(), op, ": ", what, " is undefined");
   const bool one = x.sym_numel() == 1;
   APEX_CHECK(one || x.sym_numel() == count, op, ": ", what, " must have one element",
@@ -283,6 +307,15 @@ inline void check_same_dtype(const Lists& lists, int a, int b) {
   if (!lists.has(a) || !lists.has(b)) return;
   APEX_CHECK(lists.scalar_type(a) == lists.scalar_type(b), lists.op(), ": ", lists.name(a), " and ", lists.name(b),
              " must share one dtype, got ", lists.scalar_type(a), " and ", lists.scalar_type(b));
+}
+
+// Lists `which` are float32 (optimizer state and scratch lists that kernels take in float32 only).
+inline void require_float32(const Lists& lists, std::initializer_list<int> which) {
+  for (int l : which) {
+    if (!lists.has(l)) continue;
+    APEX_CHECK(lists.scalar_type(l) == at::kFloat, lists.op(), ": ", lists.name(l), " must be float32, got ",
+               lists.scalar_type(l));
+  }
 }
 
 // Optimizer state list `state` of params list `params`: the params' dtype, or float32 for

@@ -98,17 +98,7 @@ __global__ void __launch_bounds__(kThreads)
       const T* p = static_cast<const T*>(table.ptrs[d][t]);
 #pragma unroll
       for (int g = 0; g < Shape::kAccesses; ++g) {
-        const int64_t i = piece_index<TL>(begin, g, lane);
-        if (aligned[d] && i + Shape::kGroup <= end) {
-          const auto vector = load_vector<Shape::kGroup>(p, i);
-#pragma unroll
-          for (int k = 0; k < Shape::kGroup; ++k) x[d][g * Shape::kGroup + k] = static_cast<M>(vector.value[k]);
-        } else {
-#pragma unroll
-          for (int k = 0; k < Shape::kGroup; ++k) {
-            x[d][g * Shape::kGroup + k] = i + k < end ? static_cast<M>(p[i + k]) : M(0);
-          }
-        }
+        load_group<Shape::kGroup>(p, piece_index<TL>(begin, g, lane), end, aligned[d], &x[d][g * Shape::kGroup]);
       }
     });
 
@@ -131,18 +121,7 @@ __global__ void __launch_bounds__(kThreads)
       T* p = static_cast<T*>(table.ptrs[d][t]);
 #pragma unroll
       for (int g = 0; g < Shape::kAccesses; ++g) {
-        const int64_t i = piece_index<TL>(begin, g, lane);
-        if (aligned[d] && i + Shape::kGroup <= end) {
-          AlignedVector<T, Shape::kGroup> vector;
-#pragma unroll
-          for (int k = 0; k < Shape::kGroup; ++k) vector.value[k] = static_cast<T>(x[d][g * Shape::kGroup + k]);
-          store_vector<Shape::kGroup>(p, i, vector);
-        } else {
-#pragma unroll
-          for (int k = 0; k < Shape::kGroup; ++k) {
-            if (i + k < end) p[i + k] = static_cast<T>(x[d][g * Shape::kGroup + k]);
-          }
-        }
+        store_group<Shape::kGroup>(p, piece_index<TL>(begin, g, lane), end, aligned[d], &x[d][g * Shape::kGroup]);
       }
     });
 

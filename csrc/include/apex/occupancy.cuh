@@ -54,12 +54,11 @@ inline const DeviceLimits& device_limits(int device) {
   return limits[device];
 }
 
-// Shared memory a block gets without opting in.
-constexpr size_t kDefaultSharedPerBlock = 48 * 1024;
-
 // How many blocks of `kernel` (threads per block, dynamic shared memory) an SM of `device` holds at
-// once, at least 1. A kernel asked about with more than kDefaultSharedPerBlock of dynamic shared
-// memory is opted in to all the device allows, so that it can then be launched with that much.
+// once, at least 1. A kernel asked about with more dynamic shared memory than it may use now is
+// opted in to all the device allows, so that it can then be launched with that much. What it may
+// use without opting in is 48 KiB less its own static shared memory: testing the dynamic size alone
+// against 48 KiB let 48 KiB-and-a-little launches through unopted, and they failed.
 // `device` must be the current device.
 inline int resident_blocks_per_sm(const void* kernel, int threads, size_t dynamic_shared, int device) {
   static std::mutex mutex;
@@ -68,12 +67,14 @@ inline int resident_blocks_per_sm(const void* kernel, int threads, size_t dynami
   auto [entry, fresh] = cache.try_emplace({kernel, threads, dynamic_shared, device}, 0);
   if (fresh) {
     try {
-      if (dynamic_shared > kDefaultSharedPerBlock) {
+      if (dynamic_shared > 0) {
         cudaFuncAttributes attributes;
         check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
-        const size_t allowed = device_limits(device).shared_per_block_optin - attributes.sharedSizeBytes;
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(allowed)),
-              "cudaFuncSetAttribute");
+        if (dynamic_shared > static_cast<size_t>(attributes.maxDynamicSharedSizeBytes)) {
+          const size_t allowed = device_limits(device).shared_per_block_optin - attributes.sharedSizeBytes;
+          check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(allowed)),
+                "cudaFuncSetAttribute");
+        }
       }
       int blocks = 0;
       check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic_shared),

@@ -39,6 +39,7 @@
 
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -116,13 +117,19 @@ inline std::string op_name(std::string_view schema) { return std::string(schema.
 template <class Op>
 using Signature = std::remove_pointer_t<decltype(&Op::template call<Cpu>)>;
 
+// Declares Op's schema and registers its CPU, Meta and (GPU builds) CUDA kernels; returns the op's
+// name. Its Autograd kernel is registered by the caller, once (a second registration for the same
+// key replaces the first with a warning on torch before 2.14).
 template <class Op>
-void register_kernels(torch::Library& m, const std::string& name) {
+std::string declare(torch::Library& m) {
+  std::string name = op_name(Op::kSchema);
+  m.def(Op::kSchema);
   m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(Op::template call<Cpu>)));
   m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(Op::template call<Meta>)));
 #ifdef APEX_WITH_CUDA
   m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(Op::template call<Cuda>)));
 #endif
+  return name;
 }
 
 }  // namespace detail
@@ -143,9 +150,7 @@ enum class Autograd {
 // Declares Op's schema and registers its CPU, Meta and (GPU builds) CUDA kernels.
 template <class Op>
 void define(torch::Library& m, Autograd autograd = Autograd::kNotImplemented) {
-  const std::string name = detail::op_name(Op::kSchema);
-  m.def(Op::kSchema);
-  detail::register_kernels<Op>(m, name);
+  const std::string name = detail::declare<Op>(m);
   m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::Autograd,
                                        autograd == Autograd::kNever ? torch::CppFunction::makeFallthrough()
                                                                     : torch::autograd::autogradNotImplementedFallback()));
@@ -160,6 +165,13 @@ void define_composite(torch::Library& m) {
          torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(Op::call)));
 }
 
+// Declares <op>_output: Op's first output alone (same arguments, "-> Tensor"), a composite of Op, so
+// Op's autograd formula applies. For eager calls from Python, which otherwise wrap every output of a
+// multi-output op in a Python object only to drop all but the first (measured on a CPU LayerNorm:
+// 0.3 us of a forward, ~1 us of a forward + backward).
+template <class Op>
+void define_first_output(torch::Library& m);
+
 // ---- calling ops -----------------------------------------------------------------------------
 
 // Calls Op through the dispatcher (autograd, tracing and the device's kernel all apply), through
@@ -170,6 +182,25 @@ decltype(auto) call_op(Args&&... args) {
                                  .findSchemaOrThrow(("apex::" + detail::op_name(Op::kSchema)).c_str(), "")
                                  .template typed<detail::Signature<Op>>();
   return handle.call(std::forward<Args>(args)...);
+}
+
+namespace detail {
+template <class Op, class Sig>
+struct FirstOutput;
+template <class Op, class Ret, class... Args>
+struct FirstOutput<Op, Ret(Args...)> {
+  static at::Tensor call(Args... args) { return std::get<0>(call_op<Op>(args...)); }
+};
+}  // namespace detail
+
+template <class Op>
+void define_first_output(torch::Library& m) {
+  const std::string_view schema = Op::kSchema;
+  const size_t arguments = schema.find('('), returns = schema.rfind("->");
+  const std::string name = detail::op_name(schema) + "_output";
+  m.def((name + std::string(schema.substr(arguments, returns - arguments)) + "-> Tensor").c_str());
+  m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd,
+                                       TORCH_FN((detail::FirstOutput<Op, detail::Signature<Op>>::call))));
 }
 
 }  // namespace apex

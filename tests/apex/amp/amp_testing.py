@@ -37,16 +37,20 @@ def make_net(kind, device="cpu", seed=0):
 
 def make_batches(kind, device="cpu", count=8, seed=1):
     """A fixed, learnable task: MLP regression onto a random teacher, ConvNet classification by a
-    random linear map of the mean image. `count` batches, reused cyclically."""
+    random linear map of the mean image. `count` batches, reused cyclically.
+
+    Always float32, also while amp's casts are installed (made after `amp.init()`, `x @ teacher` would
+    run in fp16, and an fp16 target beside an fp32 output is refused by torch 2.11's mse_loss backward)."""
     gen = torch.Generator().manual_seed(seed)
-    if kind == "mlp":
-        teacher = torch.randn(16, 4, generator=gen) / 4
-        xs = [torch.randn(64, 16, generator=gen) for _ in range(count)]
-        batches = [(x, torch.tanh(x @ teacher)) for x in xs]
-    else:
-        teacher = torch.randn(3, 4, generator=gen)
-        xs = [torch.randn(32, 3, 6, 6, generator=gen) for _ in range(count)]
-        batches = [(x, (x.mean((2, 3)) @ teacher).argmax(1)) for x in xs]
+    with amp.disable_casts():
+        if kind == "mlp":
+            teacher = torch.randn(16, 4, generator=gen) / 4
+            xs = [torch.randn(64, 16, generator=gen) for _ in range(count)]
+            batches = [(x, torch.tanh(x @ teacher)) for x in xs]
+        else:
+            teacher = torch.randn(3, 4, generator=gen)
+            xs = [torch.randn(32, 3, 6, 6, generator=gen) for _ in range(count)]
+            batches = [(x, (x.mean((2, 3)) @ teacher).argmax(1)) for x in xs]
     return [(x.to(device), y.to(device)) for x, y in batches]
 
 

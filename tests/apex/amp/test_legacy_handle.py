@@ -27,6 +27,13 @@ def two_losses(batch):
     return lambda model: [F.mse_loss(model(x), y), model(x).square().mean()]
 
 
+def test_task_data_stays_fp32_under_casts():
+    """make_batches pauses amp's casts (its matmul would run in fp16, giving an fp16 target that torch 2.11's
+    mse_loss backward refuses beside fp32_grads' fp32 output)."""
+    amp.init()
+    assert all(t.dtype == torch.float32 for batch in make_batches("mlp", count=1) for t in batch)
+
+
 def test_handle_state():
     handle = amp.init(loss_scale=128.0, enable_caching=False, verbose=False)
     assert _amp_state.handle is handle and handle.is_active() and not handle.has_cache and not handle.verbose

@@ -20,3 +20,10 @@ def device(request):
 @pytest.fixture
 def flag(device):
     return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+@pytest.fixture(params=["meta", *DEVICES])
+def checked_flag(request):
+    """A flag for tests of the checks made before any launch: also on the meta device, whose kernel
+    is those checks alone."""
+    return torch.zeros(1, dtype=torch.int32, device=request.param)

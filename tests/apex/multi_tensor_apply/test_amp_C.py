@@ -66,6 +66,19 @@ def test_axpby(amp_C, device, flag, arg_to_check):
     assert flag.item() == (1 if arg_to_check in (-1, 0) else 0)
 
 
+# x, y and out each pick their own dtype, as in NVIDIA and ROCm apex (ROCm's run_amp fuzzes them).
+@pytest.mark.parametrize("x_dtype,y_dtype,out_dtype", [(torch.float32, torch.float16, torch.float32),
+                                                       (torch.float16, torch.float32, torch.float16),
+                                                       (torch.bfloat16, torch.float16, torch.float32)])
+def test_axpby_dtypes_of_their_own(amp_C, device, flag, x_dtype, y_dtype, out_dtype):
+    xs = randn(SIZES, x_dtype, device, seed=3)
+    ys = randn(SIZES, y_dtype, device, seed=4)
+    outs = [torch.empty_like(y, dtype=out_dtype) for y in ys]
+    amp_C.multi_tensor_axpby(CHUNK, flag, [xs, ys, outs], 1.5, 0.25, -1)
+    assert flag.item() == 0
+    assert_close(outs, [1.5 * x.double() + 0.25 * y.double() for x, y in zip(xs, ys)], dtype=out_dtype)
+
+
 # ---------------------------------------------------------------- norms
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_l2norm(amp_C, device, flag, dtype):
@@ -267,6 +280,51 @@ def test_lamb_two_stages(amp_C, device, flag):
     _, u_norms = amp_C.multi_tensor_l2norm(CHUNK, flag, [updates], True)
     amp_C.multi_tensor_lamb_stage2_cuda(CHUNK, flag, [p, updates], p_norms, u_norms, 1e-2, 0.01, False)
     assert_close(p, [e[0] for e in expected])
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("bias_correction,grad_averaging", [(True, True), (False, False)])
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
+def test_lamb_direction(amp_C, device, flag, mode, bias_correction, grad_averaging, grad_dtype):
+    """LAMB's update direction alone: scaled grads clipped by their global norm, the moments, bias
+    correction and weight decay, as in a whole LAMB step."""
+    g, p, m, v = adam_state(SIZES[:5], torch.float32, torch.float32, device)
+    g = [(x * 8).to(grad_dtype) for x in g]
+    gnorm = torch.stack([x.double().norm() / 8 for x in g]).norm().float()  # of the unscaled grads, above 0.5
+    expected = ref.lamb(g, p, m, v, 1e-2, 0.9, 0.999, 1e-6, 3, bias_correction, 0.01, grad_averaging, mode,
+                        gnorm.item(), 0.5, inv_scale=1 / 8)
+    updates = [torch.full_like(x, float("nan")) for x in p]
+    t = lambda x: torch.tensor([x], dtype=torch.float32, device=device)  # noqa: E731
+    amp_C.multi_tensor_lamb_direction(CHUNK, flag, [g, p, m, v, updates], 0.9, 0.999, 1e-6, t(3), int(bias_correction),
+                                      0.01, int(grad_averaging), mode, gnorm.reshape(1).to(device), 0.5, t(1 / 8))
+    assert_close(updates, [e[3] for e in expected])
+    assert_close(m, [e[1] for e in expected])
+    assert_close(v, [e[2] for e in expected])
+
+
+def test_lamb_direction_over_the_grads(amp_C, device, flag):
+    """Written over the grads (DistributedFusedLAMB's call), one step count per tensor, never clipped."""
+    g, p, m, v = adam_state(SIZES[:4], torch.float32, torch.float32, device)
+    steps = [1, 2, 5, 9]
+    expected = [ref.lamb([g_], [p_], [m_], [v_], 1e-2, 0.9, 0.999, 1e-6, step, True, 0.01, True, 1, 1e30,
+                         float("inf"))[0] for g_, p_, m_, v_, step in zip(g, p, m, v, steps)]
+    one = torch.ones(1, device=device)
+    amp_C.multi_tensor_lamb_direction(CHUNK, flag, [g, p, m, v, g], 0.9, 0.999, 1e-6,
+                                      torch.tensor(steps, dtype=torch.float32, device=device), 1, 0.01, 1, 1, one * 1e30,
+                                      float("inf"), one)
+    assert_close(g, [e[3] for e in expected])
+    assert_close(m, [e[1] for e in expected])
+
+
+def test_lamb_direction_refuses_what_it_cannot_compute(amp_C, device, flag):
+    g, p, m, v = adam_state(SIZES[:2], torch.float32, torch.float32, device)
+    one = torch.ones(1, device=device)
+    with pytest.raises(RuntimeError, match="max_grad_norm must be positive"):
+        amp_C.multi_tensor_lamb_direction(CHUNK, flag, [g, p, m, v, g], 0.9, 0.999, 1e-6, one, 1, 0.0, 1, 1, one,
+                                          0.0, one)
+    with pytest.raises(RuntimeError, match="updates must be float32"):
+        amp_C.multi_tensor_lamb_direction(CHUNK, flag, [g, p, m, v, [x.half() for x in g]], 0.9, 0.999, 1e-6, one, 1,
+                                          0.0, 1, 1, one, 1.0, one)
 
 
 @pytest.mark.parametrize("mode", [0, 1])

@@ -1,4 +1,8 @@
-"""amp_C rejects bad input with a clear exception before launching anything."""
+"""amp_C rejects bad input with a clear exception before launching anything.
+
+Tests of checks made before any launch also run on the meta device, whose kernel is the op's own
+checks: there a list built on the CPU by mistake fails the device check first, as it does with a
+CUDA flag, so a test that would only pass on the CPU fails here too."""
 import pytest
 import torch
 
@@ -27,12 +31,21 @@ def test_empty_lists(amp_C, flag):
         amp_C.multi_tensor_l2norm(CHUNK, flag, [[]])
 
 
-def test_wrong_number_of_lists(amp_C, flag):
+def test_wrong_number_of_lists(amp_C, checked_flag):
+    flag, device = checked_flag, checked_flag.device
     # A list left out is empty: the op names the one it misses.
     with pytest.raises(RuntimeError, match=r"exp_avg_sqs has no tensors"):
-        amp_C.multi_tensor_adam(CHUNK, flag, [lists(), lists(), lists()], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+        amp_C.multi_tensor_adam(CHUNK, flag, [lists(device=device)] * 3, 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
     with pytest.raises(RuntimeError, match="expected at most 4 tensor lists, got 5"):
-        amp_C.multi_tensor_adam(CHUNK, flag, [lists()] * 5, 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+        amp_C.multi_tensor_adam(CHUNK, flag, [lists(device=device)] * 5, 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+
+
+def test_missing_list_is_named_before_devices(amp_C):
+    """A call whose lists are wrong in shape and on the wrong device names the missing list: the
+    lists are counted before their tensors are checked."""
+    with pytest.raises(RuntimeError, match=r"exp_avg_sqs has no tensors"):
+        amp_C.multi_tensor_adam(CHUNK, torch.zeros(1, dtype=torch.int32, device="meta"), [lists()] * 3, 1e-3, 0.9,
+                                0.999, 1e-8, 1, 1, 1, 0.0)
 
 
 def test_mismatched_sizes_and_shapes(amp_C, flag, device):
@@ -66,32 +79,38 @@ def test_lists_that_are_not_lists_of_tensors(amp_C, flag):
         amp_C.multi_tensor_scale(CHUNK, flag, [x, x], 1.0)
 
 
-def test_bad_dtypes(amp_C, flag):
+def test_bad_dtypes(amp_C, checked_flag):
+    flag, device = checked_flag, checked_flag.device
     with pytest.raises(RuntimeError, match="inputs must be float32, float16 or bfloat16, got Long"):
-        amp_C.multi_tensor_scale(CHUNK, flag, [lists(dtype=torch.int64), lists()], 1.0)
+        amp_C.multi_tensor_scale(CHUNK, flag, [lists(device=device, dtype=torch.int64), lists(device=device)], 1.0)
     with pytest.raises(RuntimeError, match="tensors must be float32, float16 or bfloat16, got Double"):
-        amp_C.multi_tensor_l2norm(CHUNK, flag, [lists(dtype=torch.float64)])
+        amp_C.multi_tensor_l2norm(CHUNK, flag, [lists(device=device, dtype=torch.float64)])
     with pytest.raises(RuntimeError, match="must share one dtype"):
-        amp_C.multi_tensor_scale(CHUNK, flag, [[torch.ones(3), torch.ones(3, dtype=torch.half)], lists(2)], 1.0)
-    half = lists(4, dtype=torch.half)
+        mixed = [torch.ones(3, device=device), torch.ones(3, device=device, dtype=torch.half)]
+        amp_C.multi_tensor_scale(CHUNK, flag, [mixed, lists(2, device)], 1.0)
+    half, double = lists(4, device, torch.half), lists(4, device, torch.float64)
     with pytest.raises(RuntimeError, match="exp_avgs must be float32 or the params' dtype"):
-        amp_C.multi_tensor_adam(CHUNK, flag, [half, half, lists(4, dtype=torch.float64), lists(4, dtype=torch.float64)],
-                                1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+        amp_C.multi_tensor_adam(CHUNK, flag, [half, half, double, double], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
 
 
-def test_bad_scalars(amp_C, flag):
+def test_bad_scalars(amp_C, checked_flag):
+    flag, device = checked_flag, checked_flag.device
     with pytest.raises(RuntimeError, match="chunk_size must be positive"):
-        amp_C.multi_tensor_scale(0, flag, [lists(), lists()], 1.0)
+        amp_C.multi_tensor_scale(0, flag, [lists(device=device)] * 2, 1.0)
     with pytest.raises(RuntimeError, match="mode must be 0"):
-        amp_C.multi_tensor_adam(CHUNK, flag, [lists(), lists(), lists(), lists()], 1e-3, 0.9, 0.999, 1e-8, 1, 7, 1, 0.0)
+        amp_C.multi_tensor_adam(CHUNK, flag, [lists(device=device)] * 4, 1e-3, 0.9, 0.999, 1e-8, 1, 7, 1, 0.0)
     with pytest.raises(RuntimeError, match="arg_to_check must be -1, 0 or 1"):
-        amp_C.multi_tensor_axpby(CHUNK, flag, [lists(), lists(), lists()], 1.0, 1.0, 5)
+        amp_C.multi_tensor_axpby(CHUNK, flag, [lists(device=device)] * 3, 1.0, 1.0, 5)
     # Step 0 with bias correction would divide by 1 - beta^0 = 0.
     with pytest.raises(RuntimeError, match="step must be >= 1"):
-        amp_C.multi_tensor_adam(CHUNK, flag, [lists(), lists(), lists(), lists()], 1e-3, 0.9, 0.999, 1e-8, 0, 1, 1, 0.0)
+        amp_C.multi_tensor_adam(CHUNK, flag, [lists(device=device)] * 4, 1e-3, 0.9, 0.999, 1e-8, 0, 1, 1, 0.0)
+
+
+def test_step_tensor_of_zero(amp_C, flag):
+    # A step given as a CPU tensor is read when the op runs (not by the meta kernel, which has no values).
     with pytest.raises(RuntimeError, match="step must be >= 1"):
-        amp_C.multi_tensor_adam_capturable(CHUNK, flag, [lists(), lists(), lists(), lists()], torch.ones(1), 0.9,
-                                           0.999, 1e-8, torch.zeros(1), 1, 1, 0.0, torch.ones(1))
+        amp_C.multi_tensor_adam_capturable(CHUNK, flag, [lists(device=flag.device)] * 4, torch.ones(1), 0.9, 0.999,
+                                           1e-8, torch.zeros(1), 1, 1, 0.0, torch.ones(1))
 
 
 @pytest.mark.gpu

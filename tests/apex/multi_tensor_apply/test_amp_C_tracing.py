@@ -32,6 +32,7 @@ def cases(device):
     """(op, args) for every amp_C op, on `device`."""
     g, p, m, v = lists(4, device=device)
     v = positive(v)
+    grad_avgs, updates = lists(2, device=device, seed=3)
     steps = torch.full((3,), 3.0, device=device)
     half_g, half_p = lists(2, dtype=torch.float16, device=device)
     norms = torch.ones(3, device=device)
@@ -65,15 +66,26 @@ def cases(device):
                                                    0.99, 1e-6, steps, 1, 0.01, 1, 1, scalar(2.0, device),
                                                    scalar(1.0, device), 1, 10.0, scalar(0.0, device),
                                                    scalar(1.0, device))),
+        "lamb_direction": (OPS.multi_tensor_lamb_direction, (CHUNK, flag(device), g, p, m, v, updates, 0.9, 0.99, 1e-6,
+                                                             steps, 1, 0.01, 1, 0, scalar(2.0, device), 1.0,
+                                                             scalar(0.5, device))),
         "novograd": (OPS.multi_tensor_novograd, (CHUNK, flag(device), g, p, m, norms.clone(), 1e-3, 0.9, 0.99, 1e-8, 2,
                                                  1, 0.01, 1, 1, 2)),
         "novograd_step": (OPS.multi_tensor_novograd_step, (CHUNK, flag(device), g, p, m, norms.clone(), 1e-3, 0.9, 0.99,
                                                            1e-8, steps, 1, 0.01, 1, 1, 0)),
         "adagrad": (OPS.multi_tensor_adagrad, (CHUNK, flag(device), g, p, v, 0.1, 1e-10, 0, 0.01)),
-        "rmsprop": (OPS.multi_tensor_rmsprop, (CHUNK, flag(device), g, p, v, m, positive(lists(1, seed=3)[0]), 1e-3, 0.9,
-                                               1e-8, 0.01, 0.9, True, False, False, False)),
+        "rmsprop": (OPS.multi_tensor_rmsprop, (CHUNK, flag(device), g, p, v, m, positive(grad_avgs), 1e-3, 0.9, 1e-8,
+                                               0.01, 0.9, True, False, False, False)),
         "adadelta": (OPS.multi_tensor_adadelta, (CHUNK, flag(device), g, p, v, positive(m), 1.0, 0.9, 1e-6, 0.01)),
     }
+
+
+@pytest.mark.parametrize("name", list(cases("cpu")))
+def test_every_case_is_on_its_device(name):
+    """Each case builds all of its tensors on the device asked for: on the meta device (the op's
+    checks alone) a tensor left on the CPU fails the device check, as it would with a CUDA flag."""
+    op, args = cases("meta")[name]
+    op(*args)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

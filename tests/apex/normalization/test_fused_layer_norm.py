@@ -108,6 +108,17 @@ def test_widths_cuda(dtype, rms, memory_efficient, cols):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rms, cols", [(False, 6120), (True, 12264)], ids=["layer-6120", "rms-12264"])
+def test_backward_shared_memory_just_under_48k_cuda(dtype, rms, cols):
+    """Backward accumulators (4 bytes per column and parameter grad) just under 48 KiB, so that only the
+    kernel's static shared memory takes the block over the default limit: the launch must still opt in
+    (6144 / 12288 columns, exactly 48 KiB, are in test_widths_cuda)."""
+    x = torch.randn(64, cols, dtype=torch.float64).to(device="cuda", dtype=dtype)
+    check(x, [cols], rms, affine=True, memory_efficient=False)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
 @pytest.mark.parametrize("cols", [1024, 4096])
 def test_many_rows_cuda(rms, cols):

@@ -148,17 +148,26 @@ def test_forward_captured_in_a_cuda_graph_then_run_eagerly():
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_single_process_op_passes_opcheck(layout):
-    """syncbn_batch_norm (one process's step, C++ formula): schema, Meta kernel, autograd and tracing agree."""
+@pytest.mark.parametrize("mode", ["train", "train, running statistics", "eval"])
+def test_single_process_ops_pass_opcheck(layout, mode):
+    """syncbn_batch_norm / syncbn_batch_norm_eval (one process's step, C++ formulas): schema (running
+    statistics mutated in training), Meta kernel, autograd and tracing agree."""
     from apex._ops import ops
 
-    op = ops("syncbn").syncbn_batch_norm.default
     g = torch.Generator().manual_seed(4)
     x = to_layout(torch.randn(3, C, 5, 2, generator=g), layout).requires_grad_(True)
     weight, bias = torch.rand(C, generator=g).requires_grad_(True), torch.randn(C, generator=g).requires_grad_(True)
+    running_mean, running_var = torch.randn(C, generator=g), torch.rand(C, generator=g) + 0.5
     innermost, permuted = layout != "nchw", layout == "channels_last"
     z = torch.randn(x.shape, generator=g).requires_grad_(True) if layout == "nhwc" else None
-    torch.library.opcheck(op, (x, z, weight, bias, 1e-5, innermost, permuted, layout == "nhwc"))
+    layout_args = (innermost, permuted, layout == "nhwc")
+    if mode == "eval":
+        op, args = ops("syncbn").syncbn_batch_norm_eval.default, (running_mean, running_var, 1e-5)
+    elif mode == "train":
+        op, args = ops("syncbn").syncbn_batch_norm.default, (None, None, 0.1, 1e-5)
+    else:
+        op, args = ops("syncbn").syncbn_batch_norm.default, (running_mean, running_var, 0.1, 1e-5)
+    torch.library.opcheck(op, (x, z, weight, bias, *args, *layout_args))
 
 
 def test_single_process_step_compiles_fullgraph():
@@ -167,3 +176,14 @@ def test_single_process_step_compiles_fullgraph():
     y = torch.compile(bn, fullgraph=True, dynamic=True)(x.requires_grad_(True))
     torch.testing.assert_close(y, ref(x), **TOL)
     torch.testing.assert_close(bn.running_var, ref.running_var, **TOL)
+
+
+def test_running_statistics_of_another_dtype_follow_the_batch():
+    """float16 running statistics of float32 data (a module converted with .half()): updated from the
+    float32 batch statistics outside the kernel, with torch's rule."""
+    bn = SyncBatchNorm(C, momentum=0.25).half()
+    x = torch.randn(6, C, 3, 3) * 3 + 1
+    bn(x)
+    mean, var = x.mean((0, 2, 3)), x.var((0, 2, 3))
+    torch.testing.assert_close(bn.running_mean, (0.25 * mean).half(), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(bn.running_var, (0.75 + 0.25 * var).half(), rtol=1e-3, atol=1e-3)

@@ -121,17 +121,26 @@ def test_out_of_range_label_gives_nan_row(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_infinite_logits(device):
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_infinite_logits(device, smoothing):
+    # -inf logits are masked classes: p = 0 there. Unsmoothed, the loss stays finite (the CUDA kernel
+    # sums every logit for smoothing's mean, and once multiplied that -inf sum by s = 0: NaN);
+    # smoothed, mean(log p) is -inf and the loss +inf, as torch has it, with finite gradients.
     logits = torch.randn(4, 9, device=device)
     logits[:, 2] = float("-inf")        # masked classes
     logits[3, :] = float("-inf")        # an all-masked row is undefined, as in torch: NaN
     labels = torch.tensor([0, 1, 3, 4], device=device)
     x = logits.clone().requires_grad_()
-    losses = softmax_cross_entropy(x, labels)
+    losses = softmax_cross_entropy(x, labels, smoothing=smoothing)
     losses[:3].sum().backward()
-    torch.testing.assert_close(losses[:3], F.cross_entropy(logits[:3], labels[:3], reduction="none"))
+    y = logits[:3].clone().requires_grad_()
+    expected = F.cross_entropy(y, labels[:3], reduction="none", label_smoothing=smoothing)
+    expected.sum().backward()
+    torch.testing.assert_close(losses[:3], expected)
+    assert bool(losses[:3].isfinite().all()) == (smoothing == 0.0)
     assert losses[3].isnan()
-    assert (x.grad[:3, 2] == 0).all()
+    torch.testing.assert_close(x.grad[:3], y.grad)
+    torch.testing.assert_close(x.grad[:3, 2], torch.full((3,), -smoothing / 9, device=device))  # g * (0 - s / V)
 
 
 @pytest.mark.parametrize("device", DEVICES)
