@@ -10,8 +10,8 @@ apex's modules load an op. It is traceable: under torch.compile the library is l
 op that cannot be built here raises ``OpNotCompatibleError`` (why) or ``OpBuildError`` (the build log).
 
 Hot eager paths (a norm layer's forward) call ``eager_op(library, name)`` instead: the op's boxed
-dispatcher call without torch.ops' Python layers, for code that has ruled out tracing and
-``__torch_function__`` overrides itself (see its docstring).
+dispatcher call without torch.ops' Python layers, where ``through_torch_ops(*arguments)`` is false
+(no tracer running, no ``__torch_function__`` override among the arguments).
 """
 from __future__ import annotations
 
@@ -44,16 +44,22 @@ def ops(library: str) -> torch._ops._OpNamespace:
     return torch.ops.apex
 
 
+def through_torch_ops(*tensors: Any) -> bool:
+    """Whether a call must go through torch.ops by name rather than ``eager_op``: while torch.compile
+    or torch.jit traces, or when one of ``tensors`` (None allowed) overrides ``__torch_function__``."""
+    return torch.compiler.is_compiling() or torch._C._is_tracing() or torch._C._has_torch_function_variadic(*tensors)
+
+
+@functools.cache
 def eager_op(library: str, name: str) -> Callable[..., Any]:
     """``torch.ops.apex.<name>.default`` as a plain call into the dispatcher: positional arguments, outputs
-    as torch.ops returns them (a Tensor, or a tuple).
+    as torch.ops returns them (a Tensor, or a tuple). Made once per op (cached), so callers need not keep it.
 
     torch.ops' own entry (``OpOverload``) first looks for ``__torch_function__`` overrides among the
     arguments, then converts them to the schema's types; this skips the first step (measured: 0.5 us of
     a ~4 us LayerNorm call on a CPU). Everything below the Python layer is the same call: autograd,
     autocast, ``__torch_dispatch__`` subclasses and modes, the device kernels. So callers use it only
-    where ``torch._C._has_torch_function*`` is false for the arguments, and not while torch.compile or
-    torch.jit trace (which see ops through torch.ops).
+    where ``through_torch_ops`` is false for the arguments.
     """
     ops(library)
     handle = torch._C._dispatch_find_schema_or_throw(f"apex::{name}", "")

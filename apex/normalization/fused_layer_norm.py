@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from apex._ops import eager_op, ops
+from apex._ops import eager_op, ops, through_torch_ops
 
 _LIBRARY = "fused_layer_norm_cuda"
 _Shape = Union[int, Sequence[int], torch.Size]
@@ -66,18 +66,6 @@ def _onnx_norm(input, shape, weight, bias, eps, *, rms: bool):
     return normalized if weight is None else normalized * weight
 
 
-# The eager entry points (apex._ops.eager_op), bound on the first eager call: the forward ops'
-# output alone (*_output; the statistics stay in C++, for the backward).
-_eager_ops: tuple = ()
-
-
-def _eager_op(rms: bool):
-    global _eager_ops
-    if not _eager_ops:
-        _eager_ops = (eager_op(_LIBRARY, "layer_norm_fwd_output"), eager_op(_LIBRARY, "rms_norm_fwd_output"))
-    return _eager_ops[rms]
-
-
 def _normalize(input, shape: Sequence[int], weight, bias, eps, memory_efficient, *, rms: bool, mixed: bool):
     """The norm of input over ``shape``: normalized_shape as ints, already through ``_as_shape`` (modules keep it)."""
     # One C call decides the common case; the per-device queries cost ~5 us a call.
@@ -88,17 +76,16 @@ def _normalize(input, shape: Sequence[int], weight, bias, eps, memory_efficient,
             weight = weight.to(input.dtype)
         if bias is not None and bias.dtype != input.dtype and input.is_floating_point():
             bias = bias.to(input.dtype)
-    # Tracers and __torch_function__ overrides see the ops through torch.ops, by name.
-    if torch.compiler.is_compiling() or torch._C._is_tracing() or \
-            torch._C._has_torch_function_variadic(input, weight, bias):
+    if through_torch_ops(input, weight, bias):  # tracers and overrides see the ops by name
         if torch.onnx.is_in_onnx_export():  # always traced (torch.export, or torch.jit.trace)
             return _onnx_norm(input, shape, weight, bias, eps, rms=rms)
         if rms:
             return ops(_LIBRARY).rms_norm_fwd(input, shape, weight, eps, memory_efficient)[0]
         return ops(_LIBRARY).layer_norm_fwd(input, shape, weight, bias, eps, memory_efficient)[0]
+    # Eager: the forward op's output alone (*_output; the statistics stay in C++, for the backward).
     if rms:
-        return _eager_op(True)(input, shape, weight, eps, memory_efficient)
-    return _eager_op(False)(input, shape, weight, bias, eps, memory_efficient)
+        return eager_op(_LIBRARY, "rms_norm_fwd_output")(input, shape, weight, eps, memory_efficient)
+    return eager_op(_LIBRARY, "layer_norm_fwd_output")(input, shape, weight, bias, eps, memory_efficient)
 
 
 def fused_layer_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from apex._ops import eager_op, ops
+from apex._ops import eager_op, ops, through_torch_ops
 
 # Newer torch renamed all_gather_into_tensor (and deprecated the old name).
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -58,23 +58,6 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
-# The single-process ops' first output (syncbn_batch_norm_output, syncbn_batch_norm_eval_output) for
-# eager calls (apex._ops.eager_op), bound on first use.
-_eager_ops: dict = {}
-
-
-def _eager(name: str):
-    op = _eager_ops.get(name)
-    if op is None:
-        op = _eager_ops[name] = eager_op("syncbn", name + "_output")
-    return op
-
-
-def _through_torch_ops(input, z, weight, bias) -> bool:
-    """Whether tracers or __torch_function__ overrides need to see the op by name."""
-    return torch.compiler.is_compiling() or torch._C._has_torch_function_variadic(input, z, weight, bias)
-
-
 def batch_norm_single_process(input, z, weight, bias, running_mean, running_var, momentum, eps, channel_last,
                               permuted, fuse_relu):
     """One process's step with batch statistics (no collective); running statistics, when given, move
@@ -88,20 +71,21 @@ def batch_norm_single_process(input, z, weight, bias, running_mean, running_var,
         return out
     if momentum is None:  # no running statistics
         momentum = 0.0
-    if _through_torch_ops(input, z, weight, bias):
+    if through_torch_ops(input, z, weight, bias):
         return ops("syncbn").syncbn_batch_norm(input, z, weight, bias, running_mean, running_var, momentum, eps,
                                                channel_last, permuted, fuse_relu)[0]
-    return _eager("syncbn_batch_norm")(input, z, weight, bias, running_mean, running_var, momentum, eps, channel_last,
-                                       permuted, fuse_relu)
+    # The op's first output alone (*_output), for eager calls.
+    return eager_op("syncbn", "syncbn_batch_norm_output")(input, z, weight, bias, running_mean, running_var, momentum,
+                                                          eps, channel_last, permuted, fuse_relu)
 
 
 def batch_norm_eval(input, z, weight, bias, running_mean, running_var, eps, channel_last, permuted, fuse_relu):
     """A step normalized with the running statistics (eval): no collective, whatever the world size."""
-    if _through_torch_ops(input, z, weight, bias):
+    if through_torch_ops(input, z, weight, bias):
         return ops("syncbn").syncbn_batch_norm_eval(input, z, weight, bias, running_mean, running_var, eps,
                                                     channel_last, permuted, fuse_relu)[0]
-    return _eager("syncbn_batch_norm_eval")(input, z, weight, bias, running_mean, running_var, eps, channel_last,
-                                            permuted, fuse_relu)
+    return eager_op("syncbn", "syncbn_batch_norm_eval_output")(input, z, weight, bias, running_mean, running_var, eps,
+                                                               channel_last, permuted, fuse_relu)
 
 
 def _gather_statistics(mean, var_biased, count, group, world_size):

@@ -374,11 +374,12 @@ Tensor from_channels_innermost(const Tensor& t) {
   return t.permute(order);
 }
 
-// The view of `t` the kernels read.
+// The view of `t` the kernels read, and back: a kernel's result in the caller's layout.
 Tensor kernel_view(const Tensor& t, bool permuted) { return permuted ? to_channels_innermost(t) : t; }
 OptionalTensor kernel_view(const OptionalTensor& t, bool permuted) {
   return defined(t) ? OptionalTensor(kernel_view(*t, permuted)) : std::nullopt;
 }
+Tensor caller_view(const Tensor& t, bool permuted) { return permuted ? from_channels_innermost(t) : t; }
 
 void check_step_layout(const char* op, const OptionalTensor& z, bool channels_last, bool permuted, bool fuse_relu) {
   APEX_CHECK(!permuted || channels_last, op, ": permuted inputs are read channels-last");
@@ -388,6 +389,19 @@ void check_step_layout(const char* op, const OptionalTensor& z, bool channels_la
 // A parameter as the kernels read it: in the statistics dtype of `input`.
 Tensor accumulate(const OptionalTensor& p, const Tensor& input) {
   return defined(p) ? p->to(statistics_dtype(input.scalar_type())) : Tensor();
+}
+
+// Either forward's output: x (the kernel view) normalized by per-channel mean and inv_std, scaled
+// and shifted, + z and relu where asked, in the caller's layout.
+template <class Device>
+Tensor step_output(const char* op, const Tensor& x, const OptionalTensor& z, const OptionalTensor& weight,
+                   const OptionalTensor& bias, const Tensor& mean, const Tensor& inv_std, bool channels_last,
+                   bool permuted, bool fuse_relu) {
+  const Tensor w = accumulate(weight, x), b = accumulate(bias, x);
+  const Tensor out =
+      channels_last ? normalize<Device>(op, x, kernel_view(z, permuted), nullptr, mean, inv_std, w, b, fuse_relu, true)
+                    : normalize<Device>(op, x, std::nullopt, nullptr, mean, inv_std, w, b, false, false);
+  return caller_view(out, permuted);
 }
 
 // What both forward ops keep for the shared backward (StepBackward): the input and z as given (the
@@ -451,11 +465,8 @@ struct BatchNormTrain {
         running_var->lerp_(var.to(running_var->scalar_type()), momentum);
       }
     });
-    const Tensor out = channels_last ? normalize<Device>(op, x, kernel_view(z, permuted), nullptr, mean, inv_std,
-                                                         accumulate(weight, x), accumulate(bias, x), fuse_relu, true)
-                                     : normalize<Device>(op, x, std::nullopt, nullptr, mean, inv_std,
-                                                         accumulate(weight, x), accumulate(bias, x), false, false);
-    return {permuted ? from_channels_innermost(out) : out, mean, var, inv_std};
+    return {step_output<Device>(op, x, z, weight, bias, mean, inv_std, channels_last, permuted, fuse_relu), mean, var,
+            inv_std};
   }
 
   static void save(AutogradContext& ctx, const Tensor& input, const OptionalTensor& z, const OptionalTensor& weight,
@@ -498,11 +509,7 @@ struct BatchNormEval {
     const c10::SymInt channels = channels_of(op, x, channels_last);
     const Tensor mean = channel_vector(op, "running_mean", running_mean, x, channels);
     const Tensor inv_std = at::rsqrt(at::add(channel_vector(op, "running_var", running_var, x, channels), eps));
-    const Tensor out = channels_last ? normalize<Device>(op, x, kernel_view(z, permuted), nullptr, mean, inv_std,
-                                                         accumulate(weight, x), accumulate(bias, x), fuse_relu, true)
-                                     : normalize<Device>(op, x, std::nullopt, nullptr, mean, inv_std,
-                                                         accumulate(weight, x), accumulate(bias, x), false, false);
-    return {permuted ? from_channels_innermost(out) : out, inv_std};
+    return {step_output<Device>(op, x, z, weight, bias, mean, inv_std, channels_last, permuted, fuse_relu), inv_std};
   }
 
   static void save(AutogradContext& ctx, const Tensor& input, const OptionalTensor& z, const OptionalTensor& weight,
@@ -547,8 +554,7 @@ struct StepBackward {
       dy = normalize<Device>(op, x, kernel_view(z, permuted), &dy, m, s, w, accumulate(bias, x), true, true);
     }
     const auto none = [&] { return at::empty({0}, x.options()); };  // one each: outputs never alias
-    const auto layout = [&](const Tensor& g) { return permuted ? from_channels_innermost(g) : g; };
-    const Tensor grad_z = want_z && defined(z) ? layout(fuse_relu ? dy : dy.clone()) : none();
+    const Tensor grad_z = want_z && defined(z) ? caller_view(fuse_relu ? dy : dy.clone(), permuted) : none();
     Tensor sum_dy, sum_dy_xmu, grad_weight, grad_bias;
     if (batch_statistics || (want_parameters && defined(weight))) {
       std::tie(sum_dy, sum_dy_xmu, grad_weight, grad_bias) = grad_sums<Device>(dy, x, m, s, weight, channels_last);
@@ -563,7 +569,7 @@ struct StepBackward {
                                                                        x.sym_numel() / channels, channels_last)
                                                : input_grad_of<Device>(op, dy, x, m, s, w, Tensor(), Tensor(), Tensor(),
                                                                        1, channels_last);
-    return {layout(grad_input), grad_z, grad_weight, grad_bias};
+    return {caller_view(grad_input, permuted), grad_z, grad_weight, grad_bias};
   }
 };
 
