@@ -28,8 +28,8 @@ $(VENV)/bin/python:
 deps: $(filter $(VENV)/bin/python,$(PYTHON))
 	@$(PYTHON) -c 'import sys; print(f"make: using {sys.executable} (Python {sys.version.split()[0]})")'
 	@$(PYTHON) -c "import torch" 2>/dev/null || ($(PIP_INSTALL) torch)
-	@$(PYTHON) -c "import pytest, ninja, numpy, setuptools, wheel" 2>/dev/null || \
-	  ($(PIP_INSTALL) pytest ninja numpy setuptools wheel)
+	@$(PYTHON) -c "import pytest, ninja, numpy, setuptools, wheel, expecttest" 2>/dev/null || \
+	  ($(PIP_INSTALL) pytest ninja numpy setuptools wheel expecttest)
 
 install: deps
 	$(PIP_INSTALL) --no-build-isolation .

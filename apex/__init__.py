@@ -6,17 +6,17 @@
 
 Every subpackage (``amp``, ``optimizers``, ``normalization``, ``parallel``, ``fp16_utils``,
 ``multi_tensor_apply``, ``transformer``, ``mlp``, ``fused_dense``, ``contrib``, ``testing``,
-``op_builder``) is an attribute of ``apex``, imported on first access. ``import apex`` itself
-imports neither torch nor any subpackage and compiles nothing, so it costs about a millisecond;
-ops compile the first time they are used.
+``distributed_testing``, ``op_builder``) is an attribute of ``apex``, imported on first access.
+``import apex`` itself imports neither torch nor any subpackage and compiles nothing, so it costs
+about a millisecond; ops compile the first time they are used.
 """
 import os
 import warnings
 
 # NVIDIA apex and ROCm apex import these eagerly; here each is imported when first touched.
 _SUBPACKAGES = (
-    "amp", "contrib", "fp16_utils", "fused_dense", "mlp", "multi_tensor_apply", "normalization",
-    "op_builder", "optimizers", "parallel", "testing", "transformer",
+    "amp", "contrib", "distributed_testing", "fp16_utils", "fused_dense", "mlp", "multi_tensor_apply",
+    "normalization", "op_builder", "optimizers", "parallel", "testing", "transformer",
 )
 
 

@@ -102,7 +102,7 @@ def sharded_state_dict(optimizer: ZeroOptimizer) -> dict:
         "format": SHARDED_FORMAT,
         "layout": signature(optimizer._buckets, optimizer.distributed_size),
         "distributed_rank": optimizer.distributed_rank,
-        "storage": optimizer._storage.value,
+        "storage": [state.storage.value for state in optimizer._states],
         "dtype": str(optimizer.dtype),
         "step": _step(optimizer),
         "param_groups": _param_groups(optimizer),
@@ -161,9 +161,12 @@ def _load_sharded(optimizer: ZeroOptimizer, state_dict: dict) -> None:
     if state_dict["distributed_rank"] != optimizer.distributed_rank:
         raise ValueError(f"{name}: this sharded state dict holds rank {state_dict['distributed_rank']}'s shards, "
                          f"this is rank {optimizer.distributed_rank}")
-    if state_dict["storage"] != optimizer._storage.value or state_dict["dtype"] != str(optimizer.dtype):
-        raise ValueError(f"{name}: this sharded state dict stores {state_dict['storage']} state in "
-                         f"{state_dict['dtype']}, this optimizer {optimizer._storage.value} state in {optimizer.dtype}")
+    storage = [state.storage.value for state in optimizer._states]
+    if state_dict["storage"] != storage or state_dict["dtype"] != str(optimizer.dtype):
+        def kinds(values: list[str]) -> str:
+            return "/".join(dict.fromkeys(values))
+        raise ValueError(f"{name}: this sharded state dict stores {kinds(state_dict['storage'])} state in "
+                         f"{state_dict['dtype']}, this optimizer {kinds(storage)} state in {optimizer.dtype}")
     _load_param_groups(optimizer, state_dict["param_groups"])
     for shard_state, saved in zip(optimizer._states, state_dict["shards"]):
         for key in ("exp_avg", "exp_avg_sq", "master", "remainders"):
@@ -179,9 +182,9 @@ def _load_gathered(optimizer: ZeroOptimizer, state_dict: dict) -> None:
     _load_param_groups(optimizer, state_dict["param_groups"])
     saved = state_dict["state"]
     params = optimizer._all_params
-    keeps_params = optimizer._storage is not Storage.MODEL
     for bucket in optimizer._buckets:
         shard_state = optimizer._states[bucket.index]
+        keeps_params = shard_state.storage is not Storage.MODEL
 
         def shard_of(key: str, base: torch.Tensor) -> torch.Tensor:
             values = base.to(torch.float32, copy=True)

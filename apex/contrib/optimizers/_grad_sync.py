@@ -12,10 +12,14 @@ the same collectives in the same order even when their gradients arrive in diffe
 orders. A backward pass (outside ``no_sync``) ends by reducing every bucket not reduced
 yet, like DDP: the shards then hold the reduced gradients of that pass, added to those of
 earlier passes until the optimizer consumes them.
+
+Each bucket has its own gradient dtype (``grad_sync_dtype`` can differ per parameter); with
+``contiguous=True`` buckets of one key share one buffer. ``memory`` (NCCL user buffers)
+provides that buffer and the shards, registered with the communicator.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -26,18 +30,23 @@ from apex.contrib.optimizers._layout import Bucket, Fragment
 
 class GradSync:
     """Gradient buckets of ``buckets`` for ``params`` (by index), reduced over ``shard_group``
-    then all-reduced over ``replica_group`` (ranks holding the same shard), in ``dtype``.
+    then all-reduced over ``replica_group`` (ranks holding the same shard), bucket ``b`` in
+    ``dtypes[b]``.
 
     ``in_flight``: reduce-scatters allowed at once before the oldest is waited for (it
     bounds the full-size buckets alive; irrelevant with ``contiguous``).
+    ``memory``: where the contiguous buffer and the shards live (NCCL user buffers), or None.
+    ``before_reduce``: called with the full-size buckets about to be reduced by ``sync`` (to
+    scale them first); then ``overlap`` must be off, so that ``sync`` reduces them all.
     """
 
-    def __init__(self, buckets: Sequence[Bucket], params: Sequence[torch.Tensor], dtype: torch.dtype,
+    def __init__(self, buckets: Sequence[Bucket], params: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype],
                  device: torch.device, shard_group: GroupCollectives, replica_group: GroupCollectives | None,
-                 in_flight: int, contiguous: bool, overlap: bool) -> None:
+                 in_flight: int, contiguous: bool, overlap: bool, memory=None) -> None:
         self.buckets = buckets
         self.params = params
-        self.dtype, self.device = dtype, device
+        self.dtypes, self.device = list(dtypes), device
+        self.before_reduce: Callable[[list[torch.Tensor]], None] | None = None
         self.shard_group, self.replica_group = shard_group, replica_group
         self.in_flight_limit = max(1, in_flight)
         self.overlap = overlap
@@ -45,7 +54,11 @@ class GradSync:
         for bucket in buckets:
             for fragment in bucket.fragments:
                 self.fragments.setdefault(fragment.param, []).append(fragment)
-        self.shards = [torch.zeros(b.shard_size, dtype=dtype, device=device) for b in buckets]
+        zeros = torch.zeros if memory is None else (lambda size, dtype, device: memory.zeros(size, dtype))
+        shard_sizes = [b.shard_size for b in buckets]
+        self.shards = [t for t, _ in self._slices(shard_sizes, zeros)]
+        # NCCL user buffers: the outputs of reductions that add to a filled shard are registered too.
+        self._scratch = None if memory is None else [t for t, _ in self._slices(shard_sizes, zeros)]
         self.filled = [False] * len(buckets)  # shard holds reduced grads (else it counts as zeros)
         self.synced = [False] * len(buckets)  # reduced since the last reset, nothing newer pending
         self.dirty = [False] * len(buckets)  # local grads wait in the bucket for a reduction
@@ -57,31 +70,50 @@ class GradSync:
         self._callback_queued = False
         self.accumulate_only = False  # no_sync: keep grads where autograd put them
         self.copy_in_no_sync = False
-        self.buffer: torch.Tensor | None = None
+        self.regions: list[torch.Tensor] | None = None  # the contiguous buffers' bucket regions
         self._view_ptrs: dict[int, int | None] = {}
+        self._region_starts: list[tuple[torch.Tensor, int]] = []  # (the key's buffer, the region's start)
         if contiguous:
-            self.buffer = torch.zeros(sum(b.size for b in buckets), dtype=dtype, device=device)
-            self._offsets = [0]
-            for bucket in buckets:
-                self._offsets.append(self._offsets[-1] + bucket.size)
+            self._region_starts = [base for _, base in self._slices([b.size for b in buckets], zeros)]
+            self.regions = [buffer[start:start + b.size] for (buffer, start), b in zip(self._region_starts, buckets)]
             for param in self.fragments:
                 if params[param].grad is None:  # a gradient already there (its hook built us) moves in later
                     self.point_grad_at_buffer(param)
+        if memory is not None:
+            memory.register()
+
+    def _slices(self, sizes: Sequence[int],
+                zeros: Callable[..., torch.Tensor]) -> list[tuple[torch.Tensor, tuple[torch.Tensor, int]]]:
+        """Per bucket: a zeroed tensor of ``sizes[b]`` elements, and (buffer, start) it is the slice
+        of. The buckets of one key (one dtype) are consecutive slices of one buffer."""
+        by_key: dict[Hashable, list[int]] = {}
+        for bucket in self.buckets:
+            by_key.setdefault(bucket.key, []).append(bucket.index)
+        slices: list = [None] * len(self.buckets)
+        for indices in by_key.values():
+            buffer = zeros(sum(sizes[b] for b in indices), dtype=self.dtypes[indices[0]], device=self.device)
+            start = 0
+            for b in indices:
+                slices[b] = (buffer[start:start + sizes[b]], (buffer, start))
+                start += sizes[b]
+        return slices
 
     # -- contiguous buffer --------------------------------------------------------------
 
     def region(self, bucket: int) -> torch.Tensor:
-        return self.buffer[self._offsets[bucket]:self._offsets[bucket + 1]]
+        return self.regions[bucket]
 
     def grad_view(self, param: int) -> torch.Tensor | None:
         """``params[param]``'s gradient as a view of the contiguous buffer (None when its dtype
-        differs from the buffer's). A parameter's fragments are consecutive buffer elements."""
+        differs from its buckets'). A parameter's fragments are consecutive buffer elements:
+        a parameter continues in its key's next bucket, the next region of the key's buffer."""
         tensor = self.params[param]
-        if self.buffer is None or tensor.dtype != self.dtype:
-            return None
         first = self.fragments[param][0]
-        start = self._offsets[first.bucket] + first.bucket_range[0]
-        return shaped_like(self.buffer[start:start + tensor.numel()], tensor)
+        if self.regions is None or tensor.dtype != self.dtypes[first.bucket]:
+            return None
+        buffer, start = self._region_starts[first.bucket]
+        start += first.bucket_range[0]
+        return shaped_like(buffer[start:start + tensor.numel()], tensor)
 
     def point_grad_at_buffer(self, param: int) -> None:
         view = self.grad_view(param)
@@ -91,7 +123,7 @@ class GradSync:
     def _holds_view(self, param: int) -> bool:
         """Whether ``param.grad`` is its view of the contiguous buffer (autograd accumulated in place)."""
         grad = self.params[param].grad
-        if grad is None or self.buffer is None:
+        if grad is None or self.regions is None:
             return False
         if param not in self._view_ptrs:  # the buffer never moves: its address per parameter is fixed
             view = self.grad_view(param)
@@ -121,11 +153,12 @@ class GradSync:
         self.point_grad_at_buffer(param)
 
     def _bucket_input(self, bucket: int) -> torch.Tensor:
-        if self.buffer is not None:
+        if self.regions is not None:
             return self.region(bucket)
         buffer = self._buffers.get(bucket)
         if buffer is None:
-            buffer = self._buffers[bucket] = torch.zeros(self.buckets[bucket].size, dtype=self.dtype, device=self.device)
+            buffer = self._buffers[bucket] = torch.zeros(self.buckets[bucket].size, dtype=self.dtypes[bucket],
+                                                         device=self.device)
         return buffer
 
     def on_grad(self, param: int, in_backward: bool) -> None:
@@ -167,13 +200,18 @@ class GradSync:
     # -- reductions -----------------------------------------------------------------------
 
     def _launch(self, bucket: int) -> None:
-        if len(self._pending) >= self.in_flight_limit and self.buffer is None:
+        if len(self._pending) >= self.in_flight_limit and self.regions is None:
             self._finish(self._pending.pop(0))
         source = self._bucket_input(bucket)
         self._buffers.pop(bucket, None)
         shard = self.shards[bucket]
         writes_shard = not self.filled[bucket] and all(p[3] is not shard for p in self._pending)
-        out = shard if writes_shard else torch.empty_like(shard)
+        if writes_shard:
+            out = shard
+        elif self._scratch is not None and all(p[3] is not self._scratch[bucket] for p in self._pending):
+            out = self._scratch[bucket]
+        else:
+            out = torch.empty_like(shard)
         work = self.shard_group.reduce_scatter(out, source)
         self._pending.append((bucket, work, source, out))
         self.reported[bucket].clear()
@@ -189,7 +227,7 @@ class GradSync:
             shard.add_(out) if self.filled[bucket] else shard.copy_(out)
         self.filled[bucket] = True
         self.synced[bucket] = not self.dirty[bucket]
-        if self.buffer is not None:
+        if self.regions is not None:
             source.zero_()  # the next pass accumulates into this region again
         self.reductions += 1
 
@@ -210,9 +248,11 @@ class GradSync:
             self.copy_in(param)
         self._launch_rest_of_round()
         self.finish_all()
-        for bucket in range(len(self.buckets)):
-            if self.dirty[bucket] or not self.synced[bucket]:
-                self._launch(bucket)
+        due = [bucket for bucket in range(len(self.buckets)) if self.dirty[bucket] or not self.synced[bucket]]
+        if self.before_reduce is not None and due:
+            self.before_reduce([self._bucket_input(bucket) for bucket in due])
+        for bucket in due:
+            self._launch(bucket)
         self.finish_all()
 
     # -- resets ---------------------------------------------------------------------------
@@ -226,14 +266,16 @@ class GradSync:
         """Drop every gradient: pending reductions, filled buckets, shards."""
         self.finish_all()
         self._buffers.clear()
-        if self.buffer is not None:
+        if self.regions is not None:
             for bucket, dirty in enumerate(self.dirty):
                 if dirty:
                     self.region(bucket).zero_()
-        for param in self.fragments:
-            if self.buffer is None or not self._holds_view(param):
-                self.params[param].grad = None
-                self.point_grad_at_buffer(param)
+        # Parameters whose all-gather still runs (overlap_param_sync) need not wait for it here.
+        with torch._C.DisableTorchFunctionSubclass():
+            for param in self.fragments:
+                if self.regions is None or not self._holds_view(param):
+                    self.params[param].grad = None
+                    self.point_grad_at_buffer(param)
         self.dirty = [False] * len(self.buckets)
         self.reported = [set() for _ in self.buckets]
         self.cursor = 0

@@ -6,10 +6,11 @@ may consist of several fragments. Each bucket is split into ``world`` equal shar
 owns elements ``[r * shard_size, (r + 1) * shard_size)`` of every bucket, its gradients
 after the reduce-scatter and its optimizer state. The layout is pure arithmetic, the same
 on every rank, which is what lets ranks exchange buckets without describing them.
+Parameters with different keys (their gradient and gather dtypes) never share a bucket.
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 
 # Every fragment starts at a multiple of 64 elements of its bucket and every shard size is
@@ -53,6 +54,7 @@ class Bucket:
     shard_size: int
     fragments: tuple[Fragment, ...]
     local: tuple[LocalFragment, ...]  # this rank's fragments, in shard order
+    key: Hashable = None  # what its parameters share (their sync dtypes): buckets never mix keys
 
     @property
     def params(self) -> tuple[int, ...]:
@@ -73,41 +75,59 @@ def plan_buckets(
     capacity: int,
     world: int,
     rank: int,
+    keys: Sequence[Hashable] | None = None,
 ) -> list[Bucket]:
     """Lay the parameters ``order`` (indices into ``sizes``, element counts) into buckets.
 
-    A new bucket begins where a parameter does not fit and at each position of ``order``
-    in ``bucket_starts``. Buckets hold at most ``capacity * world`` elements and are trimmed
-    to the smallest multiple of ``ALIGNMENT * world`` that holds their fragments; ``rank``
-    picks the shard whose local fragments are listed.
+    Parameters of different ``keys`` (by parameter index; default: all alike) go to different
+    buckets: each key fills its own open bucket, so buckets of several keys grow side by side
+    and are numbered in the order they are opened. A key's next bucket opens where a parameter
+    does not fit, and every key's at each position of ``order`` in ``bucket_starts``. Buckets
+    hold at most ``capacity * world`` elements and are trimmed to the smallest multiple of
+    ``ALIGNMENT * world`` that holds their fragments; ``rank`` picks the shard whose local
+    fragments are listed. A parameter spanning buckets continues in its key's next bucket.
     """
     if capacity % ALIGNMENT:
         raise ValueError(f"shard capacity must be a multiple of {ALIGNMENT}, got {capacity}")
     limit = capacity * world
-    filled: list[list[Fragment]] = [[]]
-    end = 0  # elements of the current bucket in use
+    filled: list[list[Fragment]] = []
+    bucket_keys: list[Hashable] = []
+    ends: list[int] = []  # elements of each bucket in use
+    open_bucket: dict[Hashable, int] = {}
     for position, param in enumerate(order):
-        if position in bucket_starts and filled[-1]:
-            filled.append([])
-            end = 0
+        if position in bucket_starts:
+            open_bucket.clear()
+        key = None if keys is None else keys[param]
         start, size = 0, sizes[param]
         while start < size:
-            offset = round_up(end, ALIGNMENT)
-            if offset >= limit:
+            index = open_bucket.get(key)
+            if index is None:
+                index = open_bucket[key] = len(filled)
                 filled.append([])
-                end = 0
+                bucket_keys.append(key)
+                ends.append(0)
+            offset = round_up(ends[index], ALIGNMENT)
+            if offset >= limit:
+                del open_bucket[key]
                 continue
             take = min(size - start, limit - offset)
-            filled[-1].append(Fragment(param, len(filled) - 1, (start, start + take), (offset, offset + take)))
-            start, end = start + take, offset + take
-    if not filled[-1]:
-        filled.pop()
+            filled[index].append(Fragment(param, index, (start, start + take), (offset, offset + take)))
+            start, ends[index] = start + take, offset + take
     buckets = []
     for index, fragments in enumerate(filled):
         size = round_up(fragments[-1].bucket_range[1], ALIGNMENT * world)
         shard_size = size // world
-        buckets.append(Bucket(index, size, shard_size, tuple(fragments), _local(fragments, shard_size, rank)))
+        buckets.append(Bucket(index, size, shard_size, tuple(fragments), _local(fragments, shard_size, rank),
+                              bucket_keys[index]))
     return buckets
+
+
+def utilization(buckets: Sequence[Bucket], capacity: int, world: int) -> float:
+    """The share of the buckets' full capacity that their fragments (and alignment gaps) fill."""
+    if not buckets:
+        return 1.0
+    used = sum(bucket.fragments[-1].bucket_range[1] for bucket in buckets)
+    return used / (len(buckets) * capacity * world)
 
 
 def _local(fragments: Sequence[Fragment], shard_size: int, rank: int) -> tuple[LocalFragment, ...]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from apex.contrib.optimizers import _bf16_remainders
+from apex.contrib.optimizers._casts import cast_into
 from apex.contrib.optimizers._layout import Bucket
 from apex.contrib.optimizers._scaled_states import SegmentScales
 
@@ -141,9 +142,10 @@ class ShardState:
     def begin(self, grad_shard: torch.Tensor, sync: torch.Tensor, sync_holds_model: bool,
               read_model: Callable[[torch.Tensor], None], grads_dtype: torch.dtype | None = None) -> ShardWork:
         """The views a step updates. ``sync``: the shard the all-gather will send, which already
-        holds the model's values when ``sync_holds_model``; ``read_model(out)`` copies this rank's
-        fragments of the model parameters into the flat tensor ``out``. Grads come in the
-        params' dtype unless ``grads_dtype`` says otherwise."""
+        holds the model's values when ``sync_holds_model`` (as values when it is floating, as
+        their bits when it is an integer type); ``read_model(out)`` copies this rank's fragments
+        of the model parameters into the flat tensor ``out``. Grads come in the params' dtype
+        unless ``grads_dtype`` says otherwise."""
         size = self.bucket.shard_size
         exp_avg, exp_avg_sq = self.exp_avg, self.exp_avg_sq
         if self.storage is Storage.MASTER:
@@ -159,9 +161,9 @@ class ShardState:
             if not sync_holds_model:
                 read_model(sync)
             params = sync
-        elif sync_holds_model:
+        elif sync_holds_model and sync.dtype.is_floating_point:
             params = sync.to(self.dtype)
-        else:  # read the model directly in dtype: sync's dtype may be narrower than the model's
+        else:  # read the model directly in dtype: sync's dtype may be narrower than the model's, or raw bits
             params = torch.empty(size, dtype=self.dtype, device=sync.device)
             read_model(params)
         grads_dtype = grads_dtype or params.dtype
@@ -174,7 +176,7 @@ class ShardState:
             _bf16_remainders.split(work.params, work.sync, self.remainders)
             return
         if work.sync.data_ptr() != work.params.data_ptr():
-            work.sync.copy_(work.params)
+            cast_into(work.sync, work.params)
         if self.storage is Storage.SCALED:
             self.set_params(work.params)
             for key in STATE_KEYS:

@@ -11,21 +11,24 @@ The layout is fixed the first time it is needed (first backward hook, ``zero_gra
 ``init_params``/``init_params_bucket`` calls come first, the rest follow in reverse order of
 registration, roughly the order backward produces their gradients. Parameters that do not
 require grad then are left out; every other one takes part in every step (a parameter
-without a gradient is stepped with a zero gradient, as in apex).
+without a gradient is stepped with a zero gradient, as in apex). ``init_params`` may give
+parameters their own ``grad_sync_dtype`` / ``param_sync_dtype``: they go to buckets of their own.
 """
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from apex.contrib.optimizers import _checkpoint
+from apex.contrib.optimizers import _checkpoint, _nccl_ub
+from apex.contrib.optimizers._casts import reinterprets
 from apex.contrib.optimizers._collectives import GroupCollectives
 from apex.contrib.optimizers._grad_sync import GradSync
-from apex.contrib.optimizers._layout import Bucket, plan_buckets, shard_capacity
+from apex.contrib.optimizers._layout import Bucket, plan_buckets, shard_capacity, utilization
 from apex.contrib.optimizers._param_sync import ParamSync
 from apex.contrib.optimizers._shards import ShardState, ShardWork, Storage
 from apex.multi_tensor_apply import multi_tensor_applier
@@ -33,6 +36,12 @@ from apex.optimizers._fused_optimizer import SUPPORTED_DTYPES, amp_c
 from apex.parallel import _process_group
 
 _MB = 1024 * 1024
+# Parameters may be float64 too (stepped in ``dtype``, like NVIDIA apex's); the state may not.
+PARAM_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
+# A non-floating param_sync_dtype gathers the parameters' most significant bytes (``_casts``).
+INTEGER_SYNC_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+# Below this share of the buckets' capacity in use, construction warns (NVIDIA apex's threshold).
+LOW_BUCKET_UTILIZATION = 0.7
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -67,6 +76,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         store_params: bool = True,
         store_param_remainders: bool = False,
         with_scaled_states: bool = False,
+        nccl_ub: bool = False,
         capturable: bool = False,
     ) -> None:
         name = type(self).__name__
@@ -74,6 +84,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._buckets: list[Bucket] | None = None
         self._init_order: list[int] = []
         self._bucket_starts: set[int] = set()
+        self._sync_dtypes: dict[int, tuple[torch.dtype, torch.dtype]] = {}  # per-parameter (grad, param) sync dtypes
         super().__init__(params, defaults)
         self._all_params = [p for group in self.param_groups for p in group["params"]]
         self._group_of = [i for i, group in enumerate(self.param_groups) for _ in group["params"]]
@@ -81,10 +92,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
         grad_sync_dtype = grad_sync_dtype or dtype
         param_sync_dtype = param_sync_dtype or dtype
-        for what, value in (("dtype", dtype), ("grad_sync_dtype", grad_sync_dtype),
-                            ("param_sync_dtype", param_sync_dtype)):
-            if value not in SUPPORTED_DTYPES:
-                raise ValueError(f"{name}: {what} must be float32, float16 or bfloat16, got {value}")
+        self._check_dtypes(dtype=dtype, grad_sync_dtype=grad_sync_dtype, param_sync_dtype=param_sync_dtype)
         self.dtype, self.grad_sync_dtype, self.param_sync_dtype = dtype, grad_sync_dtype, param_sync_dtype
         self.device = self._check_params(device)
         if bucket_cap_mb <= 0:
@@ -94,7 +102,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._check_storage_options(store_params, store_param_remainders, with_scaled_states, capturable,
                                     contiguous_param_buffer)
         self.store_params, self.store_param_remainders = store_params, store_param_remainders
-        self.with_scaled_states, self.capturable = with_scaled_states, capturable
+        self.with_scaled_states, self.capturable, self.nccl_ub = with_scaled_states, capturable, nccl_ub
         self.average_grad_sync = average_grad_sync
         self.overlap_grad_sync, self.overlap_param_sync = overlap_grad_sync, overlap_param_sync
         self.bucket_cap_mb, self.pipeline_size = bucket_cap_mb, pipeline_size
@@ -103,8 +111,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.process_group = process_group
         self.distributed_process_group = distributed_process_group or process_group
         self.redundant_process_group = redundant_process_group
-        self._shard_group = GroupCollectives(self.distributed_process_group, average_grad_sync)
-        self._replica_group = (GroupCollectives(redundant_process_group, average_grad_sync)
+        if nccl_ub:
+            if not contiguous_grad_buffer:
+                raise RuntimeError(f"{name}: NCCL user buffers (nccl_ub=True) require contiguous_grad_buffer=True")
+            reason = _nccl_ub.unavailable_reason(self.distributed_process_group, self.device)
+            if reason is not None:
+                raise RuntimeError(f"{name}: nccl_ub=True needs NCCL user buffers, which are unavailable: {reason}")
+        self._shard_group = GroupCollectives(self.distributed_process_group, average_grad_sync, prescale=nccl_ub)
+        self._replica_group = (GroupCollectives(redundant_process_group, average_grad_sync, prescale=nccl_ub)
                                if redundant_process_group is not None else None)
         self.process_group_size = _process_group.group_size(process_group, name)
         self.distributed_rank, self.distributed_size = self._shard_group.rank, self._shard_group.size
@@ -128,7 +142,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._grad_norm_at = -1
         self._unscaled = False
         self._lr_tensors: dict[int, torch.Tensor] = {}
-        self._storage: Storage | None = None
         self._states: list[ShardState] = []
         self._grads: GradSync | None = None
         self._param_sync: ParamSync | None = None
@@ -142,6 +155,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
                        for p in self._all_params if p.requires_grad]
 
     # -- construction checks --------------------------------------------------------------
+
+    def _check_dtypes(self, **dtypes: torch.dtype) -> None:
+        """The optimizer's (or a parameter's) ``dtype`` and ``grad_sync_dtype`` must be float32,
+        float16 or bfloat16; ``param_sync_dtype`` may also be an integer type (raw bits)."""
+        for what, value in dtypes.items():
+            allowed = SUPPORTED_DTYPES + (INTEGER_SYNC_DTYPES if what == "param_sync_dtype" else ())
+            if value not in allowed:
+                kinds = "float32, float16, bfloat16" + (" or an integer type" if what == "param_sync_dtype" else "")
+                raise ValueError(f"{type(self).__name__}: {what} must be {kinds}, got {value}")
 
     def _check_params(self, device: torch.device | str | None) -> torch.device:
         name = type(self).__name__
@@ -159,8 +181,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if wanted != found:
                 raise ValueError(f"{name}: device={wanted} but the parameters are on {found}")
         for param in self._all_params:
-            if param.dtype not in SUPPORTED_DTYPES:
-                raise TypeError(f"{name} supports float32, float16 and bfloat16 parameters, got {param.dtype}")
+            if param.dtype not in PARAM_DTYPES:
+                raise TypeError(f"{name} supports float32, float16, bfloat16 and float64 parameters, got {param.dtype}")
             if not (param.is_contiguous() or param.dim() in (4, 5) and any(
                     param.is_contiguous(memory_format=f) for f in (torch.channels_last, torch.channels_last_3d))):
                 raise ValueError(f"{name} needs contiguous (or channels-last) parameters, got strides "
@@ -186,9 +208,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 raise RuntimeError(f"{name}: with_scaled_states needs dtype float16 or bfloat16, got {self.dtype}")
         if capturable and (with_scaled_states or store_param_remainders):
             raise RuntimeError(f"{name}: capturable does not support with_scaled_states or store_param_remainders")
-        if contiguous_param_buffer and any(p.dtype != self.param_sync_dtype for p in self._all_params):
+        if contiguous_param_buffer and not all(reinterprets(self.param_sync_dtype, p.dtype) for p in self._all_params):
             raise ValueError(f"{name}: contiguous_param_buffer makes the parameters views of a "
-                             f"{self.param_sync_dtype} buffer, so every parameter must be {self.param_sync_dtype}")
+                             f"{self.param_sync_dtype} buffer, so every parameter must be {self.param_sync_dtype} "
+                             "(or, for an integer param_sync_dtype, of its size)")
 
     @torch.no_grad()
     def _broadcast_params(self) -> None:
@@ -225,38 +248,56 @@ class ZeroOptimizer(torch.optim.Optimizer):
             indices.append(self._index_of[id(param)])
         return indices
 
-    def _check_init_dtypes(self, **dtypes: torch.dtype | None) -> None:
-        for what, value in dtypes.items():
-            if value is not None and value != getattr(self, what):
-                raise ValueError(f"{type(self).__name__}: per-parameter {what} is not supported; all parameters "
-                                 f"use the optimizer's {what}={getattr(self, what)}")
+    def _sync_dtypes_of(self, dtype: torch.dtype | None, grad_sync_dtype: torch.dtype | None,
+                        param_sync_dtype: torch.dtype | None) -> tuple[torch.dtype, torch.dtype]:
+        """The (grad, param) sync dtypes ``init_params`` gives its parameters (checked)."""
+        if dtype is not None and dtype != self.dtype:
+            raise ValueError(f"{type(self).__name__}: per-parameter dtype is not supported (as in NVIDIA apex): the "
+                             f"optimizer state of every parameter is dtype={self.dtype}")
+        dtypes = (grad_sync_dtype or self.grad_sync_dtype, param_sync_dtype or self.param_sync_dtype)
+        self._check_dtypes(grad_sync_dtype=dtypes[0], param_sync_dtype=dtypes[1])
+        return dtypes
+
+    def _place(self, indices: list[int], dtypes: tuple[torch.dtype, torch.dtype]) -> list[int]:
+        """Append the parameters not placed yet to the bucket order, with their sync dtypes; returns them."""
+        known = set(self._init_order)
+        new = [i for i in dict.fromkeys(indices) if i not in known]
+        self._init_order.extend(new)
+        if dtypes != (self.grad_sync_dtype, self.param_sync_dtype):
+            self._sync_dtypes.update((i, dtypes) for i in new)
+        return new
 
     def init_params(self, params: Iterable[torch.Tensor] | torch.Tensor | None = None,
                     dtype: torch.dtype | None = None, grad_sync_dtype: torch.dtype | None = None,
                     param_sync_dtype: torch.dtype | None = None) -> None:
-        """Place ``params`` (default: all) next in the bucket order; with all of them, fix the layout."""
-        self._check_init_dtypes(dtype=dtype, grad_sync_dtype=grad_sync_dtype, param_sync_dtype=param_sync_dtype)
+        """Place ``params`` (default: all) next in the bucket order; with all of them, fix the layout.
+
+        ``grad_sync_dtype`` / ``param_sync_dtype`` (default: the optimizer's) apply to these
+        parameters only: they share buckets with parameters of the same sync dtypes only. A
+        ``param_sync_dtype`` other than the optimizer's keeps a master copy of them (as
+        ``store_params``). Parameters placed already (or once the layout is fixed) are left as
+        they are; ``dtype`` must be the optimizer's."""
+        dtypes = self._sync_dtypes_of(dtype, grad_sync_dtype, param_sync_dtype)
         if params is None:
+            if self._buckets is None:
+                self._place(list(reversed(range(len(self._all_params)))), dtypes)
             self._ensure_layout()
             return
         indices = self._indices(params)
-        if self._buckets is not None:
-            return  # already placed
-        known = set(self._init_order)
-        self._init_order.extend(i for i in indices if i not in known)
+        if self._buckets is None:
+            self._place(indices, dtypes)
 
     def init_params_bucket(self, params: Iterable[torch.Tensor] | torch.Tensor,
                            dtype: torch.dtype | None = None, grad_sync_dtype: torch.dtype | None = None,
                            param_sync_dtype: torch.dtype | None = None) -> None:
         """Place ``params`` next, in bucket(s) of their own (reduced and gathered together)."""
-        self._check_init_dtypes(dtype=dtype, grad_sync_dtype=grad_sync_dtype, param_sync_dtype=param_sync_dtype)
+        dtypes = self._sync_dtypes_of(dtype, grad_sync_dtype, param_sync_dtype)
+        indices = self._indices(params)
         if self._buckets is not None:
             return
-        known = set(self._init_order)
-        new = [i for i in dict.fromkeys(self._indices(params)) if i not in known]
-        if new:
-            self._bucket_starts.add(len(self._init_order))
-            self._init_order.extend(new)
+        start = len(self._init_order)
+        if self._place(indices, dtypes):
+            self._bucket_starts.add(start)
             self._bucket_starts.add(len(self._init_order))
 
     @torch.no_grad()
@@ -280,26 +321,40 @@ class ZeroOptimizer(torch.optim.Optimizer):
             starts.add(len(order))
         placed = set(order)
         order += [i for i in reversed(trainable) if i not in placed]
+        # Bucket capacity in elements of the optimizer's grad_sync_dtype, whatever a bucket's own (as apex).
         capacity = shard_capacity(self.bucket_cap_mb * _MB, self.grad_sync_dtype.itemsize, self.distributed_size)
         sizes = [p.numel() for p in self._all_params]
-        self._buckets = plan_buckets(sizes, order, starts, capacity, self.distributed_size, self.distributed_rank)
-        self._storage = self._choose_storage(order)
-        self._states = [ShardState(b, self._group_of, self._storage, self.dtype, self.device) for b in self._buckets]
-        self._params_from_model = self._storage in (Storage.MASTER, Storage.SCALED)
-        self._grads = GradSync(self._buckets, self._all_params, self.grad_sync_dtype, self.device, self._shard_group,
-                               self._replica_group, self.pipeline_size, self.contiguous_grad_buffer,
-                               self.overlap_grad_sync)
-        self._param_sync = ParamSync(self._buckets, self._all_params, self.param_sync_dtype, self.device,
+        default = (self.grad_sync_dtype, self.param_sync_dtype)
+        keys = [self._sync_dtypes.get(i, default) for i in range(len(self._all_params))]
+        self._buckets = plan_buckets(sizes, order, starts, capacity, self.distributed_size, self.distributed_rank, keys)
+        used = utilization(self._buckets, capacity, self.distributed_size)
+        if used < LOW_BUCKET_UTILIZATION:
+            warnings.warn(f"Only {used:.1%} of buckets are used. Consider decreasing the bucket_cap_mb argument. "
+                          f"({type(self).__name__}: bucket_cap_mb={self.bucket_cap_mb} is large for "
+                          f"{sum(sizes[i] for i in order)} elements over {self.distributed_size} ranks: larger "
+                          "buckets overlap less of their communication with backward)", stacklevel=4)
+        self._states = [ShardState(b, self._group_of, self._choose_storage(b), self.dtype, self.device)
+                        for b in self._buckets]
+        self._params_from_model = any(state.storage in (Storage.MASTER, Storage.SCALED) for state in self._states)
+        memory = _nccl_ub.RegisteredMemory(self.distributed_process_group, self.device) if self.nccl_ub else None
+        self._grads = GradSync(self._buckets, self._all_params, [b.key[0] for b in self._buckets], self.device,
+                               self._shard_group, self._replica_group, self.pipeline_size,
+                               self.contiguous_grad_buffer, self.overlap_grad_sync, memory)
+        self._param_sync = ParamSync(self._buckets, self._all_params, [b.key[1] for b in self._buckets], self.device,
                                      self._shard_group, self.overlap_param_sync)
 
-    def _choose_storage(self, order: list[int]) -> Storage:
-        if self.store_param_remainders:
-            return Storage.REMAINDERS
+    def _choose_storage(self, bucket: Bucket) -> Storage:
+        """What a bucket's shard keeps of its parameters (``_shards.Storage``)."""
+        param_sync_dtype = bucket.key[1]
         if self.with_scaled_states:
             return Storage.SCALED
+        if self.store_param_remainders and param_sync_dtype == self.param_sync_dtype:
+            return Storage.REMAINDERS
+        # Parameters gathered in a dtype of their own keep a master copy (as NVIDIA apex).
+        store = self.store_params or param_sync_dtype != self.param_sync_dtype
         # A copy of parameters already in `dtype`, and gathered in it, would only repeat them.
-        params_differ = any(self._all_params[i].dtype != self.dtype for i in order)
-        if self.store_params and (params_differ or self.param_sync_dtype != self.dtype):
+        params_differ = any(self._all_params[i].dtype != self.dtype for i in bucket.params)
+        if store and (params_differ or param_sync_dtype != self.dtype):
             return Storage.MASTER
         return Storage.MODEL
 
@@ -317,8 +372,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         (index,) = self._indices(param)
         view = self._grads.grad_view(index)
         if view is None:
-            raise RuntimeError(f"{type(self).__name__}: a {param.dtype} parameter has no view in the "
-                               f"{self.grad_sync_dtype} gradient buffer")
+            raise RuntimeError(f"{type(self).__name__}: a {param.dtype} parameter has no view in its "
+                               f"{self._grads.dtypes[self._grads.fragments[index][0].bucket]} gradient buffer")
         return view
 
     @torch.no_grad()
@@ -518,7 +573,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self.state["step"] += 1
             self._step_tensor.fill_(self.state["step"])
 
-    def _lr(self, group_index: int) -> torch.Tensor:
+    def _group_lr(self, group_index: int) -> torch.Tensor:
         """The group's lr as a float32 device tensor (the kernels read it there)."""
         lr = self.param_groups[group_index]["lr"]
         if isinstance(lr, torch.Tensor) and lr.device == self.device and lr.dtype == torch.float32:
@@ -543,10 +598,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         state = self._states[bucket]
         sync = self._param_sync.shard_of(bucket)
         holds_model = sync is not None
+        param_sync_dtype = self._param_sync.dtypes[bucket]
         if sync is None:
-            sync = state.reusable_sync_shard(self.param_sync_dtype)
+            sync = state.reusable_sync_shard(param_sync_dtype)
         if sync is None:
-            sync = torch.empty(state.bucket.shard_size, dtype=self.param_sync_dtype, device=self.device)
+            sync = torch.empty(state.bucket.shard_size, dtype=param_sync_dtype, device=self.device)
         return state.begin(self._grads.shards[bucket], sync, holds_model,
                            lambda out: self._param_sync.read_local(bucket, out), grads_dtype)
 
@@ -559,7 +615,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _gather_pipeline(self, batches: list[list[int]], works_of: Callable[[list[int]], list[ShardWork]],
                          update: Callable[[list[ShardWork]], None] | None = None) -> None:
         """For each batch: ``update`` its works, start their all-gathers, and (without
-        ``overlap_param_sync``) finish the previous batch's, so one batch gathers while the next updates."""
+        ``overlap_param_sync``) finish the previous batch's, so one batch gathers while the next updates.
+        With ``overlap_param_sync`` the gathers are left running: each parameter finishes its own
+        the first time it is touched (``ParamSync.mark_pending``)."""
         previous: list[int] = []
         for batch in batches:
             works = works_of(batch)
@@ -570,7 +628,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 for bucket in previous:
                     self._param_sync.finish(bucket)
             previous = batch
-        if not self.overlap_param_sync:
+        if self.overlap_param_sync:
+            self._param_sync.mark_pending()
+        else:
             self.param_sync()
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -607,5 +667,5 @@ class ZeroOptimizer(torch.optim.Optimizer):
         options = ", ".join(f"{key}={getattr(self, key)}" for key in (
             "dtype", "grad_sync_dtype", "param_sync_dtype", "distributed_size", "redundant_size", "bucket_cap_mb",
             "overlap_grad_sync", "overlap_param_sync", "store_params", "store_param_remainders",
-            "with_scaled_states", "contiguous_param_buffer", "contiguous_grad_buffer", "capturable"))
+            "with_scaled_states", "contiguous_param_buffer", "contiguous_grad_buffer", "nccl_ub", "capturable"))
         return f"{super().__repr__()[:-1]}{options}\n)"

@@ -30,7 +30,8 @@ class DistributedFusedAdam(ZeroOptimizer):
     after backward the gradients live in the optimizer's buckets, not in ``param.grad``.
 
     Args:
-        params: parameters or param-group dicts (one device for all).
+        params: parameters or param-group dicts (one device for all; float32, float16, bfloat16
+            or float64, the last stepped in ``dtype``).
         lr, bias_correction, betas, eps, weight_decay: as in ``apex.optimizers.FusedAdam``.
         adam_w_mode: decoupled weight decay (AdamW) when True, L2 added to the gradient when False.
         amsgrad: not supported; True raises RuntimeError.
@@ -39,7 +40,11 @@ class DistributedFusedAdam(ZeroOptimizer):
         dtype: dtype of the optimizer state (moments and parameter copy): float32 (default),
             float16 or bfloat16.
         grad_sync_dtype: dtype gradients are bucketed and reduced in (default: ``dtype``).
-        param_sync_dtype: dtype parameters are gathered in (default: ``dtype``).
+        param_sync_dtype: dtype parameters are gathered in (default: ``dtype``). An integer type
+            (uint8, int16, int32, int64, ...) gathers the most significant bytes of each value,
+            as NVIDIA apex: int32/int64 carry fp32 parameters bit for bit, uint8 carries the top
+            byte of fp16 ones (fp8 e5m2 by truncation). ``init_params(params, grad_sync_dtype=...,
+            param_sync_dtype=...)`` sets either for some parameters only.
         device: the parameters' device (default: theirs; given, it must match).
         process_group: all ranks taking part (default: the default group) = a
             distributed_size x redundant_size grid of the two groups below.
@@ -48,16 +53,19 @@ class DistributedFusedAdam(ZeroOptimizer):
             all-reduced after the reduce-scatter (default: none).
         average_grad_sync: average the gradients over ranks (True) or sum them.
         overlap_grad_sync: reduce-scatter each bucket as soon as backward has filled it.
-        overlap_param_sync: leave the all-gathers of a step running; each module waits for
-            its own parameters' buckets just before its forward (a global forward pre-hook).
-            A parameter read outside its own module's forward before that module runs needs
-            ``param_sync()`` first.
-        bucket_cap_mb: bucket size in MiB of ``grad_sync_dtype`` elements (the last bucket is trimmed).
+        overlap_param_sync: leave the all-gathers of a step running; a parameter waits for its
+            own buckets the first time it is touched (any op, attribute or method: the next
+            forward, ``param.data``, a state dict), so the gathers overlap what comes before.
+            Until then its class is a subclass of its own: before a torch.compile'd forward,
+            call ``param_sync()``.
+        bucket_cap_mb: bucket size in MiB of ``grad_sync_dtype`` elements (the last bucket is
+            trimmed). When the buckets would be less than 70% full, the layout warns ("Consider
+            decreasing the bucket_cap_mb argument"), as NVIDIA apex: big buckets overlap less.
         pipeline_size: buckets updated at a time (the all-gather of one batch overlaps the
             update of the next) and reduce-scatters in flight during backward.
         contiguous_param_buffer: make the parameters views of one buffer laid out like the
             buckets, so the all-gather writes into them directly (parameters must all be
-            ``param_sync_dtype``).
+            ``param_sync_dtype``, or of its size when that is an integer type).
         contiguous_grad_buffer: keep the gradients in one persistent buffer; ``param.grad`` of
             parameters in ``grad_sync_dtype`` are views into it and nothing is copied.
         store_params: keep a ``dtype`` copy of the local parameter shard (a master copy), when
@@ -68,6 +76,11 @@ class DistributedFusedAdam(ZeroOptimizer):
             per element instead of 4). Needs ``param_sync_dtype=torch.bfloat16``.
         with_scaled_states: store the moments and parameter copy in ``dtype`` (fp16/bf16),
             scaled per parameter fragment to use that type's whole range (FP8-LM).
+        nccl_ub: allocate the contiguous gradient buffer and the reduce-scatter outputs as NCCL
+            user buffers (``ncclMemAlloc``, registered with the communicator: zero-copy
+            collectives, e.g. SHARP with one SM). Needs ``contiguous_grad_buffer``, CUDA
+            parameters, an NCCL process group and torch >= 2.7; RuntimeError otherwise (as
+            NVIDIA apex without its NCCL allocator). Averaging then divides before summing.
         capturable: keep the step count on the device and skip an overflowing step on the
             device too, so that ``step()`` makes no host synchronization.
 
@@ -107,7 +120,7 @@ class DistributedFusedAdam(ZeroOptimizer):
                 continue
             beta1, beta2 = group["betas"]
             multi_tensor_applier(
-                amp_c().multi_tensor_adam_capturable, self._noop_flag, lists, self._lr(index), beta1, beta2,
+                amp_c().multi_tensor_adam_capturable, self._noop_flag, lists, self._group_lr(index), beta1, beta2,
                 group["eps"], self._step_tensor, 1 if self.adam_w_mode else 0, 1 if group["bias_correction"] else 0,
                 group["weight_decay"], self._grad_scale,
             )  # fmt: skip

@@ -31,17 +31,27 @@ class DistributedFusedLAMB(ZeroOptimizer):
         lr, bias_correction, betas, eps, weight_decay, adam_w_mode, grad_averaging,
         use_nvlamb: as in ``apex.optimizers.FusedLAMB``.
         max_grad_norm: clip the global gradient norm to this; 0 (default) never clips.
+        clip_after_ar: True (default): clip the reduced (global) gradient. False: as NVIDIA
+            apex, each rank clips its own gradient to ``max_grad_norm`` before the reduction
+            (the reductions then wait for the whole backward pass: no overlap).
         overlap_reductions: reduce-scatter during backward (``overlap_grad_sync``).
         set_param_views_to_flat_buffer: parameters become views of one flat buffer
             (``contiguous_param_buffer``).
         step_supports_amp_scaling: must stay True (GradScaler hands itself to ``step``).
-        e5m2_allgather, skip_allgather, clip_after_ar: only their defaults are supported
-            (fp8 gathers, skipped gathers and clipping before the reduction are refused).
+        e5m2_allgather, skip_allgather: only their defaults are supported (fp8 gathers and
+            skipped gathers are refused).
         dwu_group_size, dwu_num_blocks, dwu_num_chunks, dwu_num_rs_pg, dwu_num_ar_pg,
         dwu_num_ag_pg, fused_norm, fuse_scale, full_ar, param_order, nccl_allgather_channels,
         verbose: tuned apex's own block and communicator layout; buckets here are sized by
             ``bucket_cap_mb`` and reduced in one process group, so they are accepted for
             existing scripts and change nothing.
+
+    NVIDIA apex's controls of a training loop work too: ``set_global_scale`` (the loss scale
+    the gradients carry), ``complete_reductions``, ``set_is_accumulation_step``,
+    ``set_last_step``, ``L2_grad_norm``, ``_lazy_init_stage1`` / ``_lazy_init_stage2`` (here
+    they only fix the bucket layout, which otherwise happens on first use) and ``_lr``: a
+    learning rate (float or tensor) assigned to ``optimizer._lr`` is used by every group in
+    place of their ``lr``, as apex's step reads it (None, the default, uses the groups').
     """
 
     def __init__(
@@ -84,21 +94,25 @@ class DistributedFusedLAMB(ZeroOptimizer):
             raise ValueError(f"{name}: step_supports_amp_scaling must be True: the gradients live in the "
                              "optimizer's buckets, so GradScaler has to hand itself to step()")
         for option, value, supported in (("e5m2_allgather", e5m2_allgather, False),
-                                         ("skip_allgather", skip_allgather, False),
-                                         ("clip_after_ar", clip_after_ar, True)):
+                                         ("skip_allgather", skip_allgather, False)):
             if value != supported:
                 raise NotImplementedError(f"{name}: {option}={value} is not supported (only {option}={supported})")
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=weight_decay,
                         grad_averaging=grad_averaging, max_grad_norm=max_grad_norm)
         self.adam_w_mode = adam_w_mode
         self.use_nvlamb = use_nvlamb
+        self.clip_after_ar = clip_after_ar
         self._global_scale: float | torch.Tensor | None = None
+        self._lr: float | torch.Tensor | None = None  # apex's override of every group's lr
+        self._last_step = False
+        self._local_grad_norm: torch.Tensor | None = None  # clip_after_ar=False: this rank's, before the reduction
         refused = set(zero_options) & {"dtype", "with_scaled_states", "capturable", "overlap_grad_sync",
                                        "contiguous_param_buffer"}
         if refused:
             raise TypeError(f"{name} got {sorted(refused)}: its state is float32, it is not capturable, and "
                             "overlap_reductions / set_param_views_to_flat_buffer name the other two")
-        super().__init__(params, defaults, dtype=torch.float32, overlap_grad_sync=overlap_reductions,
+        # Clipping before the reduction needs every local gradient first: nothing is reduced during backward.
+        super().__init__(params, defaults, dtype=torch.float32, overlap_grad_sync=overlap_reductions and clip_after_ar,
                          contiguous_param_buffer=set_param_views_to_flat_buffer, **zero_options)
         self._zero = torch.zeros(1, dtype=torch.float32, device=self.device)
         self._owners: dict[int, torch.Tensor] = {}  # param group -> the parameter of each of its local fragments
@@ -128,6 +142,49 @@ class DistributedFusedLAMB(ZeroOptimizer):
         """While True, backward passes accumulate gradients without reducing them (``no_sync``)."""
         self._ensure_layout(param_buffer=False)
         self._grads.accumulate_only = is_accumulation_step
+
+    def set_last_step(self, last_step: bool) -> None:
+        """apex's hint that the next backward is the last one; gradients a pass does not produce
+        count as zeros here in every step, so it changes nothing."""
+        self._last_step = last_step
+
+    def _lazy_init_stage1(self) -> None:
+        """apex's first initialization phase (after the first forward): fixes the bucket layout."""
+        self._ensure_layout()
+
+    def _lazy_init_stage2(self) -> None:
+        """apex's second initialization phase (after the first backward): nothing is left to do."""
+        self._ensure_layout()
+
+    def _build_layout(self) -> None:
+        super()._build_layout()
+        if not self.clip_after_ar:
+            self._grads.before_reduce = self._clip_before_reduction
+
+    @torch.no_grad()
+    def _clip_before_reduction(self, buckets: list[torch.Tensor]) -> None:
+        """``clip_after_ar=False``: scale this rank's gradients (full-size buckets, not reduced yet)
+        so that their norm, unscaled by the global scale, is at most ``max_grad_norm``."""
+        squares = torch.zeros((), dtype=torch.float32, device=self.device)
+        for dtype in {bucket.dtype for bucket in buckets}:
+            tensors = [bucket for bucket in buckets if bucket.dtype == dtype]
+            norm = multi_tensor_applier(amp_c().multi_tensor_l2norm, self._norm_flag, [tensors], False)[0]
+            squares = squares + norm.reshape(()).float().square()
+        self._local_grad_norm = squares.sqrt()
+        max_grad_norm = self.defaults["max_grad_norm"]
+        if not max_grad_norm:
+            return
+        scale = 1.0 if self._global_scale is None else self._global_scale
+        scale = torch.as_tensor(scale, dtype=torch.float32, device=self.device)
+        coefficient = torch.clamp(max_grad_norm * scale / (self._local_grad_norm + 1e-6), max=1.0)
+        torch._foreach_mul_(buckets, coefficient)
+
+    def _group_lr(self, group_index: int) -> torch.Tensor:
+        if self._lr is None:
+            return super()._group_lr(group_index)
+        if isinstance(self._lr, torch.Tensor):
+            return self._lr.to(device=self.device, dtype=torch.float32).reshape(1)
+        return torch.full((1,), float(self._lr), dtype=torch.float32, device=self.device)
 
     def _found_inf(self, grad_scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
         if self._global_scale is None or self._unscaled:
@@ -160,9 +217,10 @@ class DistributedFusedLAMB(ZeroOptimizer):
             self._moments(group, lists, global_norm)
         update_norms = self._per_param_norms([(lists[0], params) for _, lists, params in launches])
         for group, lists, params in launches:
+            lr = group["lr"] if self._lr is None else self._lr  # a tensor lr costs a host sync (the kernel's is a float)
             multi_tensor_applier(
                 amp_c().multi_tensor_lamb_stage2_cuda, self._noop_flag, [lists[1], lists[0]],
-                param_norms.index_select(0, params), update_norms.index_select(0, params), float(group["lr"]),
+                param_norms.index_select(0, params), update_norms.index_select(0, params), float(lr),
                 group["weight_decay"], self.use_nvlamb,
             )  # fmt: skip
         # Every shard is updated before the first all-gather: the pipeline only gathers.
@@ -176,7 +234,8 @@ class DistributedFusedLAMB(ZeroOptimizer):
         summed: the stage-2 kernel applies it."""
         grads, params, exp_avgs, exp_avg_sqs = lists
         beta1, beta2 = group["betas"]
-        max_grad_norm = group["max_grad_norm"] or math.inf  # 0: never clip
+        # 0: never clip; clip_after_ar=False: each rank clipped its own gradients before the reduction.
+        max_grad_norm = (group["max_grad_norm"] or math.inf) if self.clip_after_ar else math.inf
         multi_tensor_applier(
             amp_c().multi_tensor_lamb_direction, self._noop_flag, [grads, params, exp_avgs, exp_avg_sqs, grads], beta1,
             beta2, group["eps"], self._step_tensor, int(group["bias_correction"]), group["weight_decay"],

@@ -3,8 +3,9 @@
 Cases (zero_testing.CASES) cover overlap on and off (gradients and parameters), contiguous
 buffers, gradient accumulation with and without no_sync, clipping, param groups, uneven
 parameter sizes split across buckets and shards, bf16/fp16 parameters with float32 state,
-bf16 remainders, scaled 16-bit state, capturable steps, GradScaler with a skipped step and
-redundant (replicated) shards.
+bf16 remainders, scaled 16-bit state, capturable steps, GradScaler with a skipped step,
+redundant (replicated) shards, integer gather dtypes (raw bits), float64 parameters and
+per-parameter sync dtypes.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def test_training_equals_adamw_on_the_global_batch(results, world, name):
 
 
 def _narrowest(*dtypes):
-    return max(dtypes, key=lambda d: torch.finfo(d).eps)
+    """The least precise of the floating dtypes (an integer gather dtype carries the bits as they are)."""
+    return max((d for d in dtypes if d.is_floating_point), key=lambda d: torch.finfo(d).eps)
 
 
 @pytest.mark.parametrize("name", MANUAL)
@@ -49,7 +51,8 @@ def test_mean_gradients_step_like_the_reference(results, world, name):
     options = case["options"]
     state_dtype = case.get("state_tolerance") or options.get("grad_sync_dtype", torch.float32)
     zt.assert_close(got["master"], expected, state_dtype, results.device)
-    model_dtype = _narrowest(case["dtype"], options.get("param_sync_dtype", options.get("dtype", torch.float32)))
+    model_dtype = case.get("model_tolerance") or _narrowest(
+        case["dtype"], options.get("param_sync_dtype", options.get("dtype", torch.float32)), torch.float32)
     zt.assert_close(got["params"], [e.to(model_dtype) for e in expected], model_dtype, results.device)
     _assert_replicas_equal(results, name)
 

@@ -25,6 +25,50 @@ def test_bf16_parameters_with_float32_master(results, world):
     zt.assert_close(got["params"], [e.to(torch.bfloat16) for e in expected], torch.bfloat16, results.device)
 
 
+def test_clip_after_ar_false_clips_each_ranks_gradient_before_the_reduction(results, world):
+    """NVIDIA apex's clip_after_ar=False: every rank scales its own gradient to norm <= max_grad_norm,
+    the clipped gradients are averaged, and the step itself clips no more."""
+    case = zt.CASES["manual_lamb_clip_before_reduction"]
+    params = zt.manual_params(torch.float32)
+    masters = [p.detach().clone().requires_grad_() for p in params]
+    optimizer = zt.reference_optimizer(dict(case, options={}), masters)  # FusedLAMB, no clipping
+    for step in range(zt.STEPS):
+        clipped = []
+        for rank in range(world):
+            grads = zt.manual_grads(step, rank, params)
+            norm = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads]))
+            coefficient = torch.clamp(1.0 / (norm + 1e-6), max=1.0)
+            clipped.append([g * coefficient for g in grads])
+        for i, master in enumerate(masters):
+            master.grad = torch.stack([grads[i] for grads in clipped]).mean(0)
+        optimizer.step()
+    got = zt.result_of(results, "manual_lamb_clip_before_reduction")
+    zt.assert_close(got["master"], [m.detach() for m in masters], torch.float32, results.device)
+    zt.assert_close(got["params"], [m.detach() for m in masters], torch.float32, results.device)
+
+
+def test_lr_override_and_lazy_init_stages(one_rank_group):
+    """A learning rate assigned to optimizer._lr replaces the groups' (apex's step reads it);
+    the lazy-init stages of apex's training loops fix the layout and are idempotent."""
+    from apex.contrib.optimizers import DistributedFusedLAMB
+
+    case = dict(zt.CASES["manual_lamb_bf16"], dtype=torch.float32, options={})
+    params = [p.detach().requires_grad_() for p in zt.manual_params(torch.float32)]
+    optimizer = DistributedFusedLAMB(params, **{**zt.LAMB, "lr": 123.0})
+    optimizer._lazy_init_stage1()
+    layout = optimizer._buckets
+    optimizer._lazy_init_stage2()
+    optimizer._lazy_init_stage1()
+    assert optimizer._buckets is layout
+    optimizer._lr = torch.tensor(zt.LAMB["lr"])
+    optimizer.set_last_step(True)
+    for p, g in zip(params, zt.manual_grads(0, 0, params)):
+        p.grad = g
+    optimizer.step()
+    masters, _ = zt.reference_manual(case, [1])
+    zt.assert_close(params, masters, torch.float32)
+
+
 def test_apex_lamb_controls(one_rank_group):
     """set_global_scale unscales the next step; L2_grad_norm reports the unscaled norm;
     set_is_accumulation_step holds the reduction back until complete_reductions."""
@@ -51,7 +95,6 @@ def test_apex_lamb_controls(one_rank_group):
 @pytest.mark.parametrize("option, value, error", [
     ("e5m2_allgather", True, NotImplementedError),
     ("skip_allgather", True, NotImplementedError),
-    ("clip_after_ar", False, NotImplementedError),
     ("step_supports_amp_scaling", False, ValueError),
     ("max_grad_norm", -1.0, ValueError),
     ("capturable", True, TypeError),

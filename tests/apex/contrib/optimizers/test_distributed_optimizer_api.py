@@ -24,6 +24,9 @@ def test_needs_an_initialized_process_group():
     (dict(betas=(0.9, 1.0)), ValueError, "beta"),
     (dict(dtype=torch.float64), ValueError, "dtype must be"),
     (dict(grad_sync_dtype=torch.int32), ValueError, "grad_sync_dtype"),
+    (dict(param_sync_dtype=torch.float64), ValueError, "param_sync_dtype must be float32, float16, bfloat16 or an"),
+    (dict(nccl_ub=True), RuntimeError, "contiguous_grad_buffer=True"),
+    (dict(nccl_ub=True, contiguous_grad_buffer=True), RuntimeError, "NCCL user buffers.*unavailable.*cpu"),
     (dict(bucket_cap_mb=0), ValueError, "bucket_cap_mb"),
     (dict(pipeline_size=0), ValueError, "pipeline_size"),
     (dict(device="cuda"), ValueError, "device=cuda"),
@@ -35,6 +38,7 @@ def test_needs_an_initialized_process_group():
     (dict(with_scaled_states=True, store_params=False, dtype=torch.bfloat16), RuntimeError, "store_params=True"),
     (dict(with_scaled_states=True, dtype=torch.bfloat16, capturable=True), RuntimeError, "capturable"),
     (dict(contiguous_param_buffer=True, param_sync_dtype=torch.bfloat16), ValueError, "every parameter"),
+    (dict(contiguous_param_buffer=True, param_sync_dtype=torch.int16), ValueError, "of its size"),
 ])
 def test_bad_options(one_rank_group, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -42,8 +46,8 @@ def test_bad_options(one_rank_group, kwargs, error, match):
 
 
 def test_bad_parameters(one_rank_group):
-    with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
-        DistributedFusedAdam([torch.zeros(3, dtype=torch.float64, requires_grad=True)])
+    with pytest.raises(TypeError, match="float32, float16, bfloat16 and float64"):
+        DistributedFusedAdam([torch.zeros(3, dtype=torch.int32)])
     with pytest.raises(ValueError, match="contiguous"):
         DistributedFusedAdam([torch.zeros(4, 5).t().requires_grad_()])
     with pytest.raises(ValueError, match="one device"):
@@ -61,6 +65,8 @@ def test_api_misuse(one_rank_group):
         optimizer.init_params([torch.zeros(2, requires_grad=True)])
     with pytest.raises(ValueError, match="per-parameter dtype"):
         optimizer.init_params(params[:1], dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="grad_sync_dtype must be"):
+        optimizer.init_params(params[:1], grad_sync_dtype=torch.int32)
     with pytest.raises(ValueError, match="2-norm"):
         optimizer.grad_norm(norm_type=1.0)
     with pytest.raises(ValueError, match="max_norm"):
@@ -157,17 +163,85 @@ def test_gradients_are_reduced_while_backward_runs(one_rank_group, overlap):
     assert events.count("reduce-scatter") == len(optimizer._buckets)
 
 
-def test_overlapped_parameter_gathers_finish_before_their_module_runs(one_rank_group):
-    net = zt.make_net()
-    optimizer = DistributedFusedAdam(net.parameters(), bucket_cap_mb=zt.BUCKET_MB, overlap_param_sync=True)
+def _trained_pair(overlap_param_sync):
+    nets = [zt.make_net() for _ in range(2)]
+    optimizers = [DistributedFusedAdam(net.parameters(), bucket_cap_mb=zt.BUCKET_MB,
+                                       overlap_param_sync=overlap) for net, overlap in zip(nets, (overlap_param_sync, False))]
     x, y = zt.local_batch(0, 0, 0, 1)
-    zt.loss_of(net, x, y).backward()
-    optimizer.step()
+    for net, optimizer in zip(nets, optimizers):
+        zt.loss_of(net, x, y).backward()
+        optimizer.step()
+    return nets, optimizers, x
+
+
+def test_overlapped_parameter_gathers_finish_when_a_parameter_is_first_touched(one_rank_group):
+    (net, plain_net), (optimizer, _), x = _trained_pair(True)
     assert optimizer._param_sync.pending  # left running after the step
-    seen = []
-    net.out.register_forward_pre_hook(lambda module, args: seen.append(optimizer._param_sync.pending))
-    net(x)
-    assert seen == [False]  # every bucket was gathered (and copied) before the last layer ran
+    params, plain = list(net.parameters()), list(plain_net.parameters())
+    assert all(type(p) is not torch.nn.Parameter and isinstance(p, torch.nn.Parameter) for p in params)
+    optimizer.zero_grad()  # needs no parameter values: waits for nothing
+    assert optimizer._param_sync.pending and type(params[0]) is not torch.nn.Parameter
+    torch.testing.assert_close(params[0], plain[0], rtol=0, atol=0)  # touching it finishes its gathers
+    assert type(params[0]) is torch.nn.Parameter
+    torch.testing.assert_close(net(x), plain_net(x), rtol=0, atol=0)  # a forward touches the rest
+    assert not optimizer._param_sync.pending and all(type(p) is torch.nn.Parameter for p in params)
+    for a, b in zip(params, plain):
+        assert torch.equal(a, b)
+
+
+def test_a_pending_parameter_finishes_on_any_access(one_rank_group):
+    (net, plain_net), (optimizer, _), _ = _trained_pair(True)
+    first, plain = next(net.parameters()), next(plain_net.parameters())
+    assert torch.equal(first.data, plain.data)  # .data is an access too
+    state = net.state_dict()  # so is detach(), which state_dict uses
+    for key, value in plain_net.state_dict().items():
+        assert torch.equal(state[key], value)
+    assert not optimizer._param_sync.pending
+
+
+def test_low_bucket_utilization_warns(one_rank_group):
+    with pytest.warns(UserWarning, match="Consider decreasing the bucket_cap_mb argument"):
+        DistributedFusedAdam(_params(), bucket_cap_mb=100.0).zero_grad()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DistributedFusedAdam(_params(), bucket_cap_mb=1344 * 4 / 2**20).zero_grad()  # one nearly full bucket
+
+
+def test_integer_param_sync_dtypes_carry_the_most_significant_bytes():
+    from apex.contrib.optimizers._casts import cast_into
+
+    values = torch.randn(1000)
+    for dtype in (torch.int32, torch.int64):
+        carried, back = torch.empty(1000, dtype=dtype), torch.empty(1000)
+        cast_into(carried, values)
+        cast_into(back, carried)
+        assert torch.equal(back, values)
+    half = values.half()
+    top, back = torch.empty(1000, dtype=torch.uint8), torch.empty(1000, dtype=torch.float16)
+    cast_into(top, half)
+    cast_into(back, top)
+    assert torch.equal(back.view(torch.int16), half.view(torch.int16) & ~0xFF)  # the low byte is dropped
+    bits, bf16 = torch.empty(1000, dtype=torch.int32), torch.empty(1000, dtype=torch.bfloat16)
+    cast_into(bits, values)
+    cast_into(bf16, bits)  # fp32 bits into bf16: truncated, not rounded
+    assert torch.equal(bf16.view(torch.int16), (values.view(torch.int32) >> 16).to(torch.int16))
+
+
+def test_per_parameter_sync_dtypes_get_buckets_of_their_own(one_rank_group):
+    params = _params()
+    optimizer = DistributedFusedAdam(params, bucket_cap_mb=100.0, store_params=False)
+    optimizer.init_params(params[:2], grad_sync_dtype=torch.bfloat16)
+    optimizer.init_params(params[2:4], param_sync_dtype=torch.int32)
+    optimizer.init_params(params[:1], param_sync_dtype=torch.float16)  # placed already: left as it is
+    optimizer.init_params()
+    keys = {b.key: b.params for b in optimizer._buckets}
+    assert keys == {(torch.bfloat16, torch.float32): (0, 1), (torch.float32, torch.int32): (2, 3),
+                    (torch.float32, torch.float32): tuple(reversed(range(4, len(params))))}
+    storage = {b.key: s.storage.value for b, s in zip(optimizer._buckets, optimizer._states)}
+    assert storage[(torch.float32, torch.int32)] == "master"  # its own gather dtype keeps a master copy
+    assert storage[(torch.float32, torch.float32)] == "model"
 
 
 def test_grad_norm_is_of_this_steps_gradients_and_kept_after_the_step(one_rank_group):

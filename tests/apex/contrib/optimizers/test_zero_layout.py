@@ -72,6 +72,26 @@ def test_a_large_parameter_spans_consecutive_full_buckets():
         assert first.bucket_range[1] == buckets[first.bucket].size and second.bucket_range[0] == 0
 
 
+def test_keys_fill_buckets_of_their_own_side_by_side():
+    keys = ["a", "b", "a", "a", "b", "b", "a", "b", "a"]
+    order = list(reversed(range(len(SIZES))))
+    for world in (1, 2, 3):
+        for capacity in (64, 192, 4096):
+            buckets = plan_buckets(SIZES, order, {5}, capacity, world, 0, keys)
+            _check(SIZES, order, {5}, capacity, world)  # the same parameters, unkeyed, as a sanity check
+            for bucket in buckets:
+                assert {keys[p] for p in bucket.params} == {bucket.key}
+            covered = sorted((f.param, f.param_range) for b in buckets for f in b.fragments)
+            assert [p for p, _ in covered] == sorted(p for p in order for _ in range(
+                len([f for b in buckets for f in b.fragments if f.param == p])))
+            for param in order:  # a parameter spanning buckets continues in its key's next bucket
+                spans = [f for b in buckets for f in b.fragments if f.param == param]
+                assert sum(f.param_range[1] - f.param_range[0] for f in spans) == SIZES[param]
+                for first, second in zip(spans, spans[1:]):
+                    following = [b.index for b in buckets if b.key == keys[param] and b.index > first.bucket]
+                    assert second.bucket == following[0] and first.bucket_range[1] == buckets[first.bucket].size
+
+
 def test_last_bucket_is_trimmed_and_signature_tracks_layout():
     buckets = plan_buckets([100], [0], set(), 4096, 3, 0)
     assert buckets[0].size == 3 * ALIGNMENT

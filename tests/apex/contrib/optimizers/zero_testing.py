@@ -112,7 +112,9 @@ LAMB = dict(lr=LR, betas=BETAS, eps=1e-6, weight_decay=0.01)
 # micro / no_sync: micro-batches per step, all but the last under no_sync(); clip: clip_grad_norm's
 # max_norm; groups: weight matrices and the rest in two param groups; scaler: GradScaler with an
 # inf at INF_STEP; redundant: one-rank shard groups replicated over all ranks; state_tolerance: the
-# dtype whose tolerance the optimizer's parameter copy gets (16-bit scaled state).
+# dtype whose tolerance the optimizer's parameter copy gets (16-bit scaled state); model_tolerance:
+# the model's (default: the narrowest of its dtype and the gather dtype); init: init_params calls
+# before the first step, (parameter slice, their sync dtypes).
 CASES: dict[str, dict[str, Any]] = {
     "train_overlap": dict(kind="train", optimizer="adam", options={}),
     "train_no_overlap": dict(kind="train", optimizer="adam", options=dict(overlap_grad_sync=False)),
@@ -160,6 +162,25 @@ CASES: dict[str, dict[str, Any]] = {
     "manual_redundant": dict(kind="manual", optimizer="adam", dtype=torch.float32, options={}, redundant=True),
     "manual_lamb_bf16": dict(kind="manual", optimizer="lamb", dtype=torch.bfloat16,
                              options=dict(param_sync_dtype=torch.bfloat16, max_grad_norm=1.0)),
+    # Integer param_sync_dtype: the float32 parameters travel as raw bits, so nothing is lost.
+    "manual_int64_sync": dict(kind="manual", optimizer="adam", dtype=torch.float32,
+                              options=dict(param_sync_dtype=torch.int64, store_params=False)),
+    "manual_int32_sync_contiguous": dict(kind="manual", optimizer="adam", dtype=torch.float32, options=dict(
+        param_sync_dtype=torch.int32, store_params=False, contiguous_param_buffer=True, contiguous_grad_buffer=True)),
+    # float64 parameters stepped in float32 without a master copy: each step rounds them to float32.
+    "manual_fp64_params": dict(kind="manual", optimizer="adam", dtype=torch.float64, options=dict(store_params=False)),
+    # Per-parameter sync dtypes: bf16 gradients for some parameters, bf16 gathers (with a master) for others.
+    "manual_multi_dtypes": dict(kind="manual", optimizer="adam", dtype=torch.float32, options=dict(store_params=False),
+                                state_tolerance=torch.bfloat16, model_tolerance=torch.bfloat16,
+                                init=[(slice(0, None, 3), dict(grad_sync_dtype=torch.bfloat16)),
+                                      (slice(1, None, 3), dict(param_sync_dtype=torch.bfloat16))]),
+    "manual_multi_dtypes_contiguous": dict(
+        kind="manual", optimizer="adam", dtype=torch.float32, state_tolerance=torch.bfloat16,
+        model_tolerance=torch.bfloat16, options=dict(contiguous_grad_buffer=True),
+        init=[(slice(0, None, 2), dict(grad_sync_dtype=torch.bfloat16, param_sync_dtype=torch.bfloat16))]),
+    # Each rank clips its own gradient before the reduction (NVIDIA apex's clip_after_ar=False).
+    "manual_lamb_clip_before_reduction": dict(kind="manual", optimizer="lamb", dtype=torch.float32,
+                                              options=dict(max_grad_norm=1.0, clip_after_ar=False)),
 }
 
 
@@ -211,6 +232,8 @@ def _manual(rank: int, world: int, case: dict[str, Any], device: str) -> dict[st
         singles = [dist.new_group([r]) for r in range(world)]
         extra = dict(distributed_process_group=singles[rank], redundant_process_group=dist.group.WORLD)
     optimizer = make_optimizer(case, params, device, **extra)
+    for which, dtypes in case.get("init", ()):
+        optimizer.init_params(params[which], **dtypes)
     scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=1000) if case.get("scaler") else None
     scales = []
     for step in range(STEPS):
