@@ -217,17 +217,11 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
-        group_params = self.param_groups[-1]["params"]
-        devices = {p.device for p in group_params}
-        if len(devices) > 1:
-            self.param_groups.pop()  # leave the optimizer as it was before the bad group
-            raise ValueError(
-                f"{type(self).__name__}: a param group must keep all its params on one device, "
-                f"got {sorted(map(str, devices))}; put params of each device in their own group"
-            )
+        # A group mixing devices is accepted here and refused by step(), as NVIDIA apex does (its
+        # tests build such an optimizer and expect the step to raise).
         group = self.param_groups[-1]
-        if self._lr_on_device and devices and not isinstance(group["lr"], torch.Tensor):
-            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=devices.pop())
+        if self._lr_on_device and group["params"] and not isinstance(group["lr"], torch.Tensor):
+            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=group["params"][0].device)
 
     # Private attributes that are settings, not caches: pickled with the public ones.
     _pickled_private_attributes = ("_step_supports_amp_scaling", "_initial_step")
@@ -372,9 +366,10 @@ class FusedOptimizer(torch.optim.Optimizer):
                 raise TypeError(f"{name} supports float32, float16 and bfloat16 params, got {param.dtype}")
             device = device or param.device
             if param.device != device:
-                raise ValueError(
-                    f"{name}: a param group must keep all its params on one device, "
-                    f"got {device} and {param.device}; put params of each device in their own group"
+                raise RuntimeError(
+                    f"{name}: a param group's params are not on the same device ({device} and "
+                    f"{param.device}): a group must keep all its params on one device; put params of "
+                    "each device in their own group"
                 )
             round_ = seen.get(id(param), 0)
             seen[id(param)] = round_ + 1
