@@ -8,6 +8,8 @@
 //   loss = sum over rows, real classes of  a * m * BCE(x, t) / num_positives_sum
 //   a = alpha, m = (1 - sigmoid(x))^gamma for the positive class; a = 1 - alpha, m = sigmoid(x)^gamma else.
 // Padding classes (>= num_real_classes) add nothing and get gradient 0.
+#include <type_traits>
+
 #include "apex/device.h"
 #include "apex/dtype.h"
 
@@ -25,6 +27,17 @@ struct Problem {
   double gamma;
   double smoothing;
 };
+
+// The kernels' specializations of gamma (focal_loss_math.h): 2 is a square, any other an exponential.
+constexpr int kGammaTwo = 2;
+constexpr int kAnyGamma = -1;
+
+// Calls f(std::integral_constant<int, kGamma>) with the specialization for p.gamma.
+template <class F>
+decltype(auto) with_gamma(const Problem& p, F&& f) {
+  if (p.gamma == 2.0) return f(std::integral_constant<int, kGammaTwo>{});
+  return f(std::integral_constant<int, kAnyGamma>{});
+}
 
 // Writes the loss (float32; float64 for float64 logits) to loss[0]. `partials` is scratch of
 // partials_size(...) values of the loss dtype.

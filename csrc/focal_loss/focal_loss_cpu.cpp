@@ -29,21 +29,25 @@ void forward(const Cpu&, const Problem& p, void* partials, void* loss) {
     using Acc = acc_type<T>;
     const T* logits = static_cast<const T*>(p.logits);
     Acc* sums = static_cast<Acc*>(partials);
+    const Acc alpha = p.alpha, gamma = p.gamma, u = p.smoothing / 2;
     const int64_t per_chunk = rows_per_chunk(p), count = chunks(p);
-    at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        Acc sum = 0;
-        for (int64_t row = chunk * per_chunk; row < std::min(p.rows, (chunk + 1) * per_chunk); ++row) {
-          const int64_t label = p.labels[row];
-          if (label == kIgnored) continue;
-          for (int64_t j = 0; j < p.real_classes; ++j) {
-            sum += focal_element<false, Acc>(static_cast<Acc>(logits[row * p.classes + j]), j == label, p.alpha,
-                                             p.gamma, p.smoothing)
-                       .loss;
+    with_gamma(p, [&](auto gamma_kind) {
+      constexpr int kGamma = decltype(gamma_kind)::value;
+      at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t chunk = begin; chunk < end; ++chunk) {
+          Acc sum = 0;
+          for (int64_t row = chunk * per_chunk; row < std::min(p.rows, (chunk + 1) * per_chunk); ++row) {
+            const int64_t label = p.labels[row];
+            if (label == kIgnored) continue;
+            for (int64_t j = 0; j < p.real_classes; ++j) {
+              sum += focal_element<kGamma, false, Acc>(static_cast<Acc>(logits[row * p.classes + j]), j == label,
+                                                       alpha, gamma, u)
+                         .loss;
+            }
           }
+          sums[chunk] = sum;
         }
-        sums[chunk] = sum;
-      }
+      });
     });
     Acc total = 0;
     for (int64_t chunk = 0; chunk < count; ++chunk) total += sums[chunk];
@@ -58,18 +62,23 @@ void backward(const Cpu&, const Problem& p, const void* grad_loss, void* grad_ou
     const T* logits = static_cast<const T*>(p.logits);
     T* grad = static_cast<T*>(grad_out);
     const Acc scale = *static_cast<const Acc*>(grad_loss) / static_cast<Acc>(*p.num_positives_sum);
-    at::parallel_for(0, p.rows, rows_per_chunk(p), [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const int64_t label = p.labels[row];
-        T* out = grad + row * p.classes;
-        for (int64_t j = 0; j < p.classes; ++j) {
-          const bool counted = label != kIgnored && j < p.real_classes;
-          out[j] = counted ? static_cast<T>(scale * focal_element<true, Acc>(static_cast<Acc>(logits[row * p.classes + j]),
-                                                                             j == label, p.alpha, p.gamma, p.smoothing)
-                                                        .grad)
-                           : T(0);
+    const Acc alpha = p.alpha, gamma = p.gamma, u = p.smoothing / 2;
+    with_gamma(p, [&](auto gamma_kind) {
+      constexpr int kGamma = decltype(gamma_kind)::value;
+      at::parallel_for(0, p.rows, rows_per_chunk(p), [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          const int64_t label = p.labels[row];
+          T* out = grad + row * p.classes;
+          for (int64_t j = 0; j < p.classes; ++j) {
+            const bool counted = label != kIgnored && j < p.real_classes;
+            out[j] = counted ? static_cast<T>(scale * focal_element<kGamma, true, Acc>(
+                                                          static_cast<Acc>(logits[row * p.classes + j]), j == label,
+                                                          alpha, gamma, u)
+                                                          .grad)
+                             : T(0);
+          }
         }
-      }
+      });
     });
   });
 }

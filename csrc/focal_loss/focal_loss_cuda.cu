@@ -1,102 +1,339 @@
-// focal_loss: CUDA kernels over a 2-D [rows, packs] grid (apex/row_grid.cuh). The forward reads the
-// logits once and writes one partial sum per block, which a one-block kernel adds up in a fixed
-// order (the same loss every run); the backward reads the logits once more and writes the gradient
-// (no partial gradient is stored between them).
+// focal_loss: CUDA kernels. A block is a 2-D tile of rows x packs (a pack: the 16-byte vector of
+// classes one load brings) with exactly one thread per pack along a row, not a power of two, so
+// that no lane idles: the backward's 96 bf16 classes are 12 packs x 16 rows, 192 threads. The
+// forward's tile keeps the packs that hold only real classes (11 of 96 bf16 classes with 91 real:
+// 11 x 32 rows) apart from each row's last pack, which also holds padding (32 more threads): only
+// those warps mask classes. Each thread works on kRowsInFlight rows at a time and reads its next
+// rows while it computes. The forward reads the logits once and writes one partial sum per block,
+// which a one-block kernel adds up in a fixed order (the same loss every run); the backward reads
+// the logits once more and writes the gradient.
+//
+// The math is the special-function unit's (focal_loss_math.h): per element one ex2 and one lg2,
+// and a quarter of a reciprocal (reciprocals() below), with ~17 more instructions (the forward's
+// unmasked packs; PTX) where it took ~200 with expf / log1pf / powf: the kernels become
+// memory-bound. The positive class is a sign flip of the same formula.
+#include <type_traits>
+
+#include "apex/acc_type.h"
 #include "apex/block_reduce.cuh"
 #include "apex/cuda.cuh"
-#include "apex/row_grid.cuh"
-#include "apex/acc_type.h"
+#include "apex/occupancy.cuh"
 #include "focal_loss.h"
 #include "focal_loss_math.h"
 
 namespace apex::focal_loss {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 8;
+constexpr int kMaxThreads = 256;         // the backward's block; the forward's rows x packs part
+constexpr int kMaxForwardThreads = 512;  // with one more thread per row for its padded last pack
+#if defined(USE_ROCM)
+constexpr int kWarp = 64;
+#else
+constexpr int kWarp = 32;
+#endif
+constexpr int kRowsInFlight = 2;   // rows a thread computes at a time, the next ones' loads in flight
+
+template <class Acc>
+struct Coefficients {
+  Acc alpha, gamma, u;  // u = smoothing / 2
+};
+
+template <class Acc>
+C10_HOST_DEVICE Coefficients<Acc> coefficients_of(const Problem& p) {
+  return {static_cast<Acc>(p.alpha), static_cast<Acc>(p.gamma), static_cast<Acc>(p.smoothing / 2)};
+}
+
+// The classes [first, first + kVec) of one row, first < real_classes.
+struct PackClasses {
+  int real;      // how many of them count (below real_classes); kVec for a full pack
+  int positive;  // the row's positive class, as an index into the pack, or -1
+};
+
+template <int kVec>
+C10_DEVICE C10_ALWAYS_INLINE PackClasses pack_classes(int64_t label, int64_t first, int64_t real_classes) {
+  const int real = static_cast<int>(std::min<int64_t>(real_classes - first, kVec));
+  const int64_t at = label - first;  // background (-1) and padding labels land outside [0, real)
+  return {real, at >= 0 && at < real ? static_cast<int>(at) : -1};
+}
+
+// r[k] = 1 / d[k] for d[k] in [1, 2] (or NaN, for a NaN logit). In float, four share one
+// approximate reciprocal (1 / abcd times the other three factors): the special-function unit also
+// computes the exp and the log of every element and bounds the forward kernel, and the 9
+// multiplies per 4 values run on the FMA pipe instead. A product of four stays in [1, 16]; the
+// error is ~4 ulp. A NaN d spoils the other three; kIsolate takes min(d, 2) instead, keeping
+// them apart (the NaN element's own terms are NaN through its e anyway): where a pack holds
+// padding, which may be anything, and in the backward, whose elements are separate outputs.
+template <bool kIsolate, int kVec, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE void reciprocals(const Acc (&d)[kVec], Acc (&r)[kVec]) {
+  int k = 0;
+  if constexpr (std::is_same_v<Acc, float>) {
+#pragma unroll
+    for (; k + 4 <= kVec; k += 4) {
+      Acc f[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) f[j] = kIsolate ? fminf(d[k + j], 2.0f) : d[k + j];
+      const Acc ab = f[0] * f[1], cd = f[2] * f[3];
+      const Acc inverse = reciprocal(ab * cd);
+      const Acc inverse_ab = inverse * cd, inverse_cd = inverse * ab;
+      r[k] = inverse_ab * f[1];
+      r[k + 1] = inverse_ab * f[0];
+      r[k + 2] = inverse_cd * f[3];
+      r[k + 3] = inverse_cd * f[2];
+    }
+  }
+#pragma unroll
+  for (; k < kVec; ++k) r[k] = reciprocal(d[k]);
+}
+
+// The pack's logits in Acc and their Softplus terms.
+template <bool kIsolate, int kVec, class T, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE void softplus_pack(const AlignedVector<T, kVec>& v, Acc (&x)[kVec],
+                                                Softplus<Acc> (&s)[kVec]) {
+  Acc d[kVec], r[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    x[k] = static_cast<Acc>(v.value[k]);
+    s[k].e = exp_neg_abs(x[k]);
+    d[k] = Acc(1) + s[k].e;
+    s[k].log1p_e = log1p_of(s[k].e, d[k]);
+  }
+  reciprocals<kIsolate>(d, r);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) s[k].r = r[k];
+}
+
+// Adds the m * BCE of the pack's counted classes to `all`, and the positive class's also to `pos`
+// (the weighted sum (1 - alpha) * (all - pos) + alpha * pos is taken once per thread). kPadded:
+// the pack may hold padding classes (c.real < kVec), left out by a select, not a product, as
+// their logits may be anything; else every class counts.
+template <int kGamma, bool kPadded, int kVec, class T, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE void add_pack_loss(const AlignedVector<T, kVec>& v, PackClasses c,
+                                                const Coefficients<Acc>& w, Acc& all, Acc& pos) {
+  Acc x[kVec];
+  Softplus<Acc> s[kVec];
+  softplus_pack<kPadded>(v, x, s);
+  Acc picked = 0;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const bool positive = k == c.positive;
+    const Acc loss = focal_terms<kGamma, false>(positive ? -x[k] : x[k], s[k], w.gamma, w.u).loss;
+    all += !kPadded || k < c.real ? loss : Acc(0);
+    picked = positive ? loss : picked;
+  }
+  pos += picked;
+}
+
+// The pack's gradient: dloss/dy times (1 - alpha) * scale (negative) or -alpha * scale (positive).
+template <int kGamma, int kVec, class T, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> pack_grad(const AlignedVector<T, kVec>& v, PackClasses c,
+                                                              const Coefficients<Acc>& w, Acc negative_scale,
+                                                              Acc positive_scale) {
+  Acc x[kVec];
+  Softplus<Acc> s[kVec];
+  softplus_pack</*kIsolate=*/true>(v, x, s);
+  AlignedVector<T, kVec> out;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const bool positive = k == c.positive;
+    const Acc g = focal_terms<kGamma, true>(positive ? -x[k] : x[k], s[k], w.gamma, w.u).grad;
+    out.value[k] = static_cast<T>(k < c.real ? (positive ? positive_scale : negative_scale) * g : Acc(0));
+  }
+  return out;
+}
+
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> zeros() {
+  AlignedVector<T, kVec> out;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) out.value[k] = T(0);
+  return out;
+}
 
 template <class Acc>
 struct Add {
   C10_DEVICE Acc operator()(Acc a, Acc b) const { return a + b; }
 };
 
-// Calls pack(values, offset, first_class, label) for every kVec-wide pack of logits of every
-// non-ignored row this thread owns; ignored rows go to ignored(row) instead, unread.
-template <class T, int kVec, class Pack, class Ignored>
-C10_DEVICE void for_each_pack_of_rows(const Problem& p, Pack&& pack_fn, Ignored&& ignored) {
-  const T* logits = static_cast<const T*>(p.logits);
-  const int64_t packs = p.classes / kVec;
-  cuda::for_each_row(p.rows, [&](int64_t row) {
-    const int64_t label = p.labels[row];
-    if (label == kIgnored) {
-      ignored(row);
-      return;
-    }
-    cuda::for_each_pack(packs, [&](int64_t pack) {
-      const int64_t offset = row * p.classes + pack * kVec;
-      pack_fn(load_vector<kVec>(logits, offset), offset, pack * kVec, label);
-    });
-  });
+// Packs that hold real classes (padding packs past them get zeros, unread), and those of them
+// that hold only real classes (no padding: a forward without masks).
+template <int kVec>
+C10_HOST_DEVICE C10_ALWAYS_INLINE int64_t real_packs(const Problem& p) {
+  return (p.real_classes + kVec - 1) / kVec;
+}
+template <int kVec>
+C10_HOST_DEVICE C10_ALWAYS_INLINE int64_t full_packs(const Problem& p) {
+  return p.real_classes / kVec;
 }
 
+// A thread's walk: packs first, first + stride, ... < end of its rows row, row + step, ...,
+// kRowsInFlight rows at a time (row >= rows: no work).
+struct Walk {
+  int64_t row, step;
+  int64_t first, stride, end;
+};
+
+// One step of a walk: pack `pack` of the kRowsInFlight rows row, row + step, ..., with their labels
+// (kIgnored past the last row) and logits.
 template <class T, int kVec>
-__global__ void __launch_bounds__(kThreads) forward_kernel(Problem p, acc_type<T>* partials) {
-  using Acc = acc_type<T>;
-  __shared__ Acc scratch[kThreads / C10_WARP_SIZE];
-  Acc sum = 0;
-  for_each_pack_of_rows<T, kVec>(
-      p,
-      [&](const AlignedVector<T, kVec>& values, int64_t, int64_t first, int64_t label) {
+struct Item {
+  int64_t row, pack;
+  int64_t label[kRowsInFlight];
+  AlignedVector<T, kVec> logits[kRowsInFlight];
+};
+
+// Reads an item's labels and, for packs below `loaded`, its logits; the two loads do not wait on
+// each other (an ignored row's logits are read and not used).
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE void load_item(Item<T, kVec>& item, const Problem& p, int64_t step, int64_t loaded) {
+  const T* logits = static_cast<const T*>(p.logits);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          if (first + k < p.real_classes) {
-            sum += focal_element<false, Acc>(static_cast<Acc>(values.value[k]), first + k == label, p.alpha, p.gamma,
-                                             p.smoothing)
-                       .loss;
-          }
+  for (int i = 0; i < kRowsInFlight; ++i) {
+    const int64_t row = item.row + i * step;
+    item.label[i] = row < p.rows ? p.labels[row] : kIgnored;
+    if (row < p.rows && item.pack < loaded) item.logits[i] = load_vector<kVec>(logits, row * p.classes + item.pack * kVec);
+  }
+}
+
+// Calls f(item, step) for each item of the walk. Each item is read one step ahead of f, so that a
+// thread's next loads are in flight while it computes (at 60-70 registers, occupancy alone would
+// not keep enough bytes in flight).
+template <class T, int kVec, class F>
+C10_DEVICE C10_ALWAYS_INLINE void for_each_item(const Problem& p, const Walk& walk, int64_t loaded, F&& f) {
+  Item<T, kVec> item;
+  item.row = walk.first < walk.end ? walk.row : p.rows;
+  item.pack = walk.first;
+  load_item(item, p, walk.step, loaded);
+  while (item.row < p.rows) {
+    Item<T, kVec> next;
+    next.row = item.row;
+    next.pack = item.pack + walk.stride;
+    if (next.pack >= walk.end) next.row += kRowsInFlight * walk.step, next.pack = walk.first;
+    load_item(next, p, walk.step, loaded);
+    f(item, walk.step);
+    item = next;
+  }
+}
+
+// The forward's block: `rows` rows x `cols` threads over the packs that hold only real classes
+// (threads [0, cols * rows), whole warps where the shape allows), then, when a row's last pack
+// also holds padding, one thread per row for it (the next `rows` threads). Warps of the first kind
+// never mask a class, which the last pack of every row needs: the two kinds stay in separate warps
+// instead of every lane paying for a mask that one lane in twelve needs.
+struct ForwardTile {
+  int cols, rows, ends;  // ends: threads of the last packs, rows or 0
+};
+
+template <class T, int kVec, int kGamma>
+__global__ void __launch_bounds__(kMaxForwardThreads) forward_kernel(Problem p, ForwardTile tile, acc_type<T>* partials) {
+  using Acc = acc_type<T>;
+  __shared__ Acc scratch[kMaxForwardThreads / C10_WARP_SIZE];
+  const Coefficients<Acc> w = coefficients_of<Acc>(p);
+  const int64_t full = full_packs<kVec>(p), step = static_cast<int64_t>(gridDim.x) * tile.rows;
+  const int t = static_cast<int>(threadIdx.x), body = tile.cols * tile.rows;
+  Acc all = 0, pos = 0;
+  const auto add = [&](auto padded) {
+    return [&](const Item<T, kVec>& item, int64_t) {
+#pragma unroll
+      for (int i = 0; i < kRowsInFlight; ++i) {
+        if (item.label[i] != kIgnored) {
+          add_pack_loss<kGamma, decltype(padded)::value>(
+              item.logits[i], pack_classes<kVec>(item.label[i], item.pack * kVec, p.real_classes), w, all, pos);
         }
-      },
-      [](int64_t) {});
+      }
+    };
+  };
+  if (t < body) {
+    const Walk walk{static_cast<int64_t>(blockIdx.x) * tile.rows + t / tile.cols, step, t % tile.cols, tile.cols, full};
+    for_each_item<T, kVec>(p, walk, full, add(std::false_type{}));
+  } else if (t < body + tile.ends) {
+    const Walk walk{static_cast<int64_t>(blockIdx.x) * tile.rows + (t - body), step, full, 1, real_packs<kVec>(p)};
+    for_each_item<T, kVec>(p, walk, walk.end, add(std::true_type{}));
+  }
+  Acc sum = ((Acc(1) - w.alpha) * (all - pos) + w.alpha * pos) * log_unit<Acc>();
   sum = cuda::block_reduce(sum, Add<Acc>{}, Acc(0), scratch);
-  if (threadIdx.x == 0 && threadIdx.y == 0) partials[blockIdx.y * gridDim.x + blockIdx.x] = sum;
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
 template <class Acc>
-__global__ void __launch_bounds__(kThreads) finish_kernel(const Acc* partials, int count, const float* num_positives,
-                                                          Acc* loss) {
-  __shared__ Acc scratch[kThreads / C10_WARP_SIZE];
+__global__ void __launch_bounds__(kMaxThreads) finish_kernel(const Acc* partials, int count, const float* num_positives,
+                                                             Acc* loss) {
+  __shared__ Acc scratch[kMaxThreads / C10_WARP_SIZE];
   Acc sum = 0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
   sum = cuda::block_reduce(sum, Add<Acc>{}, Acc(0), scratch);
   if (threadIdx.x == 0) *loss = sum / static_cast<Acc>(*num_positives);
 }
 
-template <class T, int kVec>
-__global__ void __launch_bounds__(kThreads) backward_kernel(Problem p, const acc_type<T>* grad_loss, T* grad) {
+// The backward's block: `rows` rows x `packs` threads (one per pack of the row, up to
+// kMaxThreads; thread (r, k) is threadIdx.x = r * packs + k), every pack written.
+struct Tile {
+  int packs, rows;
+};
+
+template <class T, int kVec, int kGamma>
+__global__ void __launch_bounds__(kMaxThreads) backward_kernel(Problem p, Tile tile, const acc_type<T>* grad_loss,
+                                                               T* grad) {
   using Acc = acc_type<T>;
+  const Coefficients<Acc> w = coefficients_of<Acc>(p);
   const Acc scale = *grad_loss / static_cast<Acc>(*p.num_positives_sum);
-  for_each_pack_of_rows<T, kVec>(
-      p,
-      [&](const AlignedVector<T, kVec>& values, int64_t offset, int64_t first, int64_t label) {
-        AlignedVector<T, kVec> out;
+  const Acc negative_scale = (Acc(1) - w.alpha) * scale, positive_scale = -w.alpha * scale;
+  const int64_t counted = real_packs<kVec>(p), packs = p.classes / kVec;
+  const int r = static_cast<int>(threadIdx.x) / tile.packs, k = static_cast<int>(threadIdx.x) % tile.packs;
+  const Walk walk{r < tile.rows ? static_cast<int64_t>(blockIdx.x) * tile.rows + r : p.rows,
+                  static_cast<int64_t>(gridDim.x) * tile.rows, k, tile.packs, packs};
+  // Packs past the real classes and ignored rows get zeros, unread.
+  for_each_item<T, kVec>(p, walk, counted, [&](const Item<T, kVec>& item, int64_t step) {
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const Acc g = first + k < p.real_classes
-                            ? focal_element<true, Acc>(static_cast<Acc>(values.value[k]), first + k == label, p.alpha,
-                                                       p.gamma, p.smoothing)
-                                  .grad
-                            : Acc(0);
-          out.value[k] = static_cast<T>(scale * g);
-        }
-        store_vector<kVec>(grad, offset, out);
-      },
-      [&](int64_t row) {
-        AlignedVector<T, kVec> zeros;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) zeros.value[k] = T(0);
-        cuda::for_each_pack(p.classes / kVec,
-                            [&](int64_t pack) { store_vector<kVec>(grad, row * p.classes + pack * kVec, zeros); });
-      });
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      const int64_t row = item.row + i * step;
+      if (row >= p.rows) continue;
+      const AlignedVector<T, kVec> out =
+          item.pack < counted && item.label[i] != kIgnored
+              ? pack_grad<kGamma>(item.logits[i], pack_classes<kVec>(item.label[i], item.pack * kVec, p.real_classes),
+                                  w, negative_scale, positive_scale)
+              : zeros<T, kVec>();
+      store_vector<kVec>(grad, row * p.classes + item.pack * kVec, out);
+    }
+  });
+}
+
+int whole_warps(int threads) { return (threads + kWarp - 1) / kWarp * kWarp; }
+
+// One thread per pack along a row, up to kMaxThreads; rows fill the rest of the block, as many
+// as leave the fewest idle lanes in its warps (ties: more rows).
+Tile tile_for(int64_t packs) {
+  const int x = static_cast<int>(std::min<int64_t>(std::max<int64_t>(packs, 1), kMaxThreads));
+  Tile tile{x, 1};
+  double best = 0;
+  for (int y = 1; x * y <= kMaxThreads; ++y) {
+    const double used = static_cast<double>(x * y) / whole_warps(x * y);
+    if (used >= best) best = used, tile.rows = y;
+  }
+  return tile;
+}
+
+int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+
+// cols = the full packs (up to kMaxThreads); rows: a multiple of kWarp / gcd(cols, kWarp), so that
+// the cols x rows threads are whole warps, about kMaxThreads of them; else (a block that would not
+// fit) as many rows as fit kMaxThreads.
+ForwardTile forward_tile_for(int64_t full, bool has_end) {
+  const int cols = static_cast<int>(std::min<int64_t>(full, kMaxThreads));
+  if (cols == 0) return {0, kMaxThreads, kMaxThreads};
+  const int unit = kWarp / gcd(cols, kWarp);
+  int rows = unit * std::max(1, kMaxThreads / (cols * unit));
+  if (whole_warps(cols * rows) + (has_end ? rows : 0) > kMaxForwardThreads) rows = std::max(1, kMaxThreads / cols);
+  return {cols, rows, has_end ? rows : 0};
+}
+
+// Blocks for the rows (`rows` x kRowsInFlight per block and step), at most as many as are resident
+// at once: one wave, the row loops do the rest.
+unsigned blocks_for(const Problem& p, int rows, int threads, const void* kernel, const Cuda& device) {
+  const int64_t rows_per_block = static_cast<int64_t>(rows) * kRowsInFlight;
+  const int64_t wanted = (p.rows + rows_per_block - 1) / rows_per_block;
+  const int64_t resident = static_cast<int64_t>(cuda::sm_count(device.device)) *
+                           cuda::resident_blocks_per_sm(kernel, threads, 0, device.device);
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, resident)));
 }
 
 // Rows of 16-byte packs need a class count that keeps every row 16-byte aligned.
@@ -105,22 +342,49 @@ bool vectorizable(const Problem& p, const void* out) {
   return p.classes % vector_width<T>() == 0 && is_aligned(p.logits) && (out == nullptr || is_aligned(out));
 }
 
-template <class T, int kVec>
-cuda::RowGrid grid_for(const Problem& p, const Cuda& device) {
-  return cuda::row_grid(p.rows, p.classes / kVec, device, kThreads, kBlocksPerSm);
-}
+template <class T>
+using ForwardKernel = void (*)(Problem, ForwardTile, acc_type<T>*);
 
 template <class T>
-cuda::RowGrid grid_of(const Problem& p, const Cuda& device) {
-  return vectorizable<T>(p, nullptr) ? grid_for<T, vector_width<T>()>(p, device) : grid_for<T, 1>(p, device);
+struct ForwardLaunch {
+  ForwardKernel<T> kernel;
+  ForwardTile tile;
+  unsigned blocks, threads;
+};
+
+template <class T, int kVec>
+ForwardLaunch<T> forward_launch_with(const Problem& p, const Cuda& device) {
+  const ForwardTile tile = forward_tile_for(full_packs<kVec>(p), real_packs<kVec>(p) > full_packs<kVec>(p));
+  const int threads = whole_warps(tile.cols * tile.rows + tile.ends);
+  const ForwardKernel<T> kernel =
+      with_gamma(p, [](auto gamma) -> ForwardKernel<T> { return forward_kernel<T, kVec, decltype(gamma)::value>; });
+  return {kernel, tile, blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device),
+          static_cast<unsigned>(threads)};
+}
+
+// The forward's kernel and launch (partials_size needs its block count).
+template <class T>
+ForwardLaunch<T> forward_launch(const Problem& p, const Cuda& device) {
+  return vectorizable<T>(p, nullptr) ? forward_launch_with<T, vector_width<T>()>(p, device)
+                                     : forward_launch_with<T, 1>(p, device);
+}
+
+template <class T, int kVec>
+void launch_backward(const Problem& p, const acc_type<T>* grad_loss, T* grad, const Cuda& device) {
+  const Tile tile = tile_for(p.classes / kVec);
+  const int threads = whole_warps(tile.packs * tile.rows);
+  with_gamma(p, [&](auto gamma) {
+    const auto kernel = backward_kernel<T, kVec, decltype(gamma)::value>;
+    const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
+    kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);
+  });
 }
 
 }  // namespace
 
 int64_t partials_size(const Cuda& device, const Problem& p) {
   return dispatch_floating(p.dtype, [&](auto tag) {
-    const cuda::RowGrid grid = grid_of<typename decltype(tag)::type>(p, device);
-    return static_cast<int64_t>(grid.grid.x) * grid.grid.y;
+    return static_cast<int64_t>(forward_launch<typename decltype(tag)::type>(p, device).blocks);
   });
 }
 
@@ -129,15 +393,11 @@ void forward(const Cuda& device, const Problem& p, void* partials, void* loss) {
     using T = typename decltype(tag)::type;
     using Acc = acc_type<T>;
     const cudaStream_t stream = cuda::stream(device);
-    const cuda::RowGrid grid = grid_of<T>(p, device);
+    const ForwardLaunch<T> launch = forward_launch<T>(p, device);
     Acc* sums = static_cast<Acc*>(partials);
-    if (vectorizable<T>(p, nullptr)) {
-      forward_kernel<T, vector_width<T>()><<<grid.grid, grid.block, 0, stream>>>(p, sums);
-    } else {
-      forward_kernel<T, 1><<<grid.grid, grid.block, 0, stream>>>(p, sums);
-    }
-    finish_kernel<Acc><<<1, kThreads, 0, stream>>>(sums, static_cast<int>(grid.grid.x * grid.grid.y),
-                                                   p.num_positives_sum, static_cast<Acc*>(loss));
+    launch.kernel<<<launch.blocks, launch.threads, 0, stream>>>(p, launch.tile, sums);
+    finish_kernel<Acc><<<1, kMaxThreads, 0, stream>>>(sums, static_cast<int>(launch.blocks), p.num_positives_sum,
+                                                      static_cast<Acc*>(loss));
   });
   cuda::check_launch("focal_loss_forward");
 }
@@ -146,16 +406,12 @@ void backward(const Cuda& device, const Problem& p, const void* grad_loss, void*
   if (p.rows == 0 || p.classes == 0) return;
   dispatch_floating(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using Acc = acc_type<T>;
-    const cudaStream_t stream = cuda::stream(device);
-    const Acc* g = static_cast<const Acc*>(grad_loss);
+    const auto* g = static_cast<const acc_type<T>*>(grad_loss);
+    T* out = static_cast<T*>(grad);
     if (vectorizable<T>(p, grad)) {
-      constexpr int kVec = vector_width<T>();
-      const cuda::RowGrid grid = grid_for<T, kVec>(p, device);
-      backward_kernel<T, kVec><<<grid.grid, grid.block, 0, stream>>>(p, g, static_cast<T*>(grad));
+      launch_backward<T, vector_width<T>()>(p, g, out, device);
     } else {
-      const cuda::RowGrid grid = grid_for<T, 1>(p, device);
-      backward_kernel<T, 1><<<grid.grid, grid.block, 0, stream>>>(p, g, static_cast<T*>(grad));
+      launch_backward<T, 1>(p, g, out, device);
     }
   });
   cuda::check_launch("focal_loss_backward");

@@ -69,10 +69,13 @@ struct JointBackward {
       const at::Tensor m = defined(mask) ? mask->contiguous() : at::Tensor();
       const int64_t rows = grad.numel() / std::max<int64_t>(1, grad.size(-1));
       const Lattice lattice = lattice_of(f_len, g_len, batch_offset, f_grad.size(1), g_grad.size(1), rows, keep);
-      joint_backward(device, JointBackwardArgs{lattice, grad.size(-1), dtype, grad.const_data_ptr(),
-                                               m.defined() ? m.const_data_ptr<uint8_t>() : nullptr,
-                                               static_cast<float>(scale), f_grad.mutable_data_ptr(),
-                                               g_grad.mutable_data_ptr()});
+      JointBackwardArgs args{lattice, grad.size(-1), dtype, grad.const_data_ptr(),
+                             m.defined() ? m.const_data_ptr<uint8_t>() : nullptr, static_cast<float>(scale),
+                             f_grad.mutable_data_ptr(), g_grad.mutable_data_ptr(), nullptr};
+      const int64_t scratch = joint_backward_workspace(device, args);
+      const at::Tensor workspace = scratch > 0 ? at::empty({scratch}, grad.options().dtype(at::kFloat)) : at::Tensor();
+      if (scratch > 0) args.workspace = workspace.mutable_data_ptr<float>();
+      joint_backward(device, args);
     });
     return {f_grad, g_grad};
   }

@@ -51,12 +51,17 @@ struct JointBackwardArgs {
   float scale;
   void* f_grad;             // [B, T, H]
   void* g_grad;             // [B, U, H]
+  float* workspace;         // joint_backward_workspace(...) floats, or null when that is 0
 };
 
 void joint_forward(const Cpu&, const JointArgs&);             // transducer_cpu.cpp
 void joint_backward(const Cpu&, const JointBackwardArgs&);
 void joint_forward(const Cuda&, const JointArgs&);            // transducer_cuda.cu
 void joint_backward(const Cuda&, const JointBackwardArgs&);
+// Floats of scratch joint_backward needs (the CUDA kernel's partial g_grad sums over blocks of
+// frames, when one pass splits the frames; 0: none). `workspace` is not read.
+int64_t joint_backward_workspace(const Cpu&, const JointBackwardArgs&);
+int64_t joint_backward_workspace(const Cuda&, const JointBackwardArgs&);
 
 // ---- loss ----
 

@@ -156,6 +156,8 @@ void joint_forward(const Cpu&, const JointArgs& a) {
   dispatch_floating(a.dtype, [&](auto tag) { joint_forward_rows<typename decltype(tag)::type>(a); });
 }
 
+int64_t joint_backward_workspace(const Cpu&, const JointBackwardArgs&) { return 0; }
+
 void joint_backward(const Cpu&, const JointBackwardArgs& a) {
   dispatch_floating(a.dtype, [&](auto tag) {
     joint_backward_rows<typename decltype(tag)::type>(a, false);

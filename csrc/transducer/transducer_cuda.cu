@@ -1,6 +1,8 @@
 // transducer: CUDA kernels.
-//  joint:  a 2-D grid over [rows, packs of H] (apex/row_grid.cuh); backward sums h_grad over u (for
-//          f_grad) and over t (for g_grad), each a pass over the valid lattice cells only.
+//  joint:  the forward's threads each own (b, t, 16-byte pack of H): f's pack stays in registers
+//          while they walk u, storing h (and mask) one vector per step. The backward reads h_grad
+//          once: each thread walks u for a few frames, keeping f_grad's sums over u in registers
+//          and adding g_grad's sums over t in shared memory, in a fixed order (joint_backward_kernel).
 //  loss:   one block per lattice row computes the row's log-sum-exp in one pass over its logits
 //          (apex/row_softmax.cuh) and the log-probabilities of blank and label; a wavefront kernel
 //          (one block per batch element and direction) runs alpha and beta over the lattice's
@@ -8,7 +10,7 @@
 //          log-softmax tensor is ever stored.
 #include "apex/cuda.cuh"
 #include "apex/block_reduce.cuh"
-#include "apex/row_grid.cuh"
+#include "apex/occupancy.cuh"
 #include "apex/row_softmax.cuh"
 #include "transducer.h"
 #include "transducer_math.h"
@@ -19,7 +21,11 @@ namespace {
 using namespace apex::cuda;
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 8;
+#if defined(USE_ROCM)
+constexpr int kWarp = 64;  // block shapes only: any warp size computes the same
+#else
+constexpr int kWarp = 32;
+#endif
 constexpr int kRowUnroll = 4;          // 16-byte loads in flight per thread over a logits row
 constexpr int kMinRowThreads = 64;
 constexpr int kMaxRowThreads = 256;
@@ -27,72 +33,277 @@ constexpr int kMaxWavefrontThreads = 1024;
 
 // ---- joint ---------------------------------------------------------------------------------
 
+// A joint block's threads (1-D, whole warps) as `rows` x `cols`: thread (r, k) is threadIdx.x =
+// r * cols + k and works on packs k, k + cols, ... of its row (of frames in the forward, of
+// frames' lanes in the backward); threads past rows * cols idle.
+struct JointTile {
+  int cols, rows;
+};
+
+int whole_warps(int threads) { return (threads + kWarp - 1) / kWarp * kWarp; }
+
+// cols = the packs (up to kThreads), rows as many as leave the fewest idle lanes (ties: more).
+JointTile joint_tile(int64_t packs) {
+  const int cols = static_cast<int>(std::min<int64_t>(std::max<int64_t>(packs, 1), kThreads));
+  JointTile tile{cols, 1};
+  double best = 0;
+  for (int rows = 1; cols * rows <= kThreads; ++rows) {
+    const double used = static_cast<double>(cols * rows) / whole_warps(cols * rows);
+    if (used >= best) best = used, tile.rows = rows;
+  }
+  return tile;
+}
+
+// Where row (b, t, u) of the lattice starts: row_base(t) + u (unpacked rows of every (t, u); packed
+// only those of t < t_len, u < u_len).
+C10_DEVICE C10_ALWAYS_INLINE int64_t row_base(const Lattice& l, int64_t b, int64_t t, int64_t u_len) {
+  return l.batch_offset == nullptr ? (b * l.max_t + t) * l.max_u : batch_start(l, b) + t * u_len;
+}
+
+// A vector's kVec mask (or dropout keep) bytes as one integer, byte e in bits [8e, 8e + 8): one or
+// two registers where an array of bytes took kVec (the backward keeps 8 such vectors in flight).
+template <int kVec>
+using MaskBits = std::conditional_t<(kVec > 4), uint64_t, uint32_t>;
+
+template <int kVec, class M>
+C10_DEVICE C10_ALWAYS_INLINE MaskBits<kVec> load_mask_bits(const M* mask, int64_t at) {
+  static_assert(sizeof(M) == 1, "masks are bytes");
+  // One load of kVec bytes (a kVec-aligned offset of an aligned row, as the vectors of the data).
+  using Word = std::conditional_t<kVec == 8, uint64_t,
+                                  std::conditional_t<kVec == 4, uint32_t, std::conditional_t<kVec == 2, uint16_t, uint8_t>>>;
+  static_assert(sizeof(Word) == kVec, "one mask byte per element of a vector");
+  return *reinterpret_cast<const Word*>(mask + at);
+}
+
+template <class Bits>
+C10_DEVICE C10_ALWAYS_INLINE bool mask_byte(Bits bits, int e) {
+  return (bits & (Bits(0xff) << (8 * e))) != 0;
+}
+
+// h[b, t, u] = f[b, t] + g[b, u] (ReLU, dropout) for thread (frame t, pack k) of block item (b,
+// frame group): f's pack is read once and kept in registers, g's packs (L1 / L2 hits: all frames of
+// b share them) kUnroll at a time, and every step stores one 16-byte vector of h (and one of mask).
+// The stores are the kernel's traffic, rows of H contiguous per warp.
 template <class T, int kVec>
-__global__ void __launch_bounds__(kThreads) joint_forward_kernel(JointArgs a) {
+__global__ void __launch_bounds__(kThreads) joint_forward_kernel(JointArgs a, JointTile tile, int64_t groups) {
+  constexpr int kUnroll = 4;
   const T* f = static_cast<const T*>(a.f);
   const T* g = static_cast<const T*>(a.g);
   T* h = static_cast<T*>(a.h);
   const Lattice& l = a.lattice;
   const int64_t packs = a.width / kVec;
-  for_each_row(l.rows, [&](int64_t row) {
-    const Cell c = cell_of(l, row);
-    for_each_pack(packs, [&](int64_t pack) {
-      const int64_t at = row * a.width + pack * kVec;
+  const int r = static_cast<int>(threadIdx.x) / tile.cols, k = static_cast<int>(threadIdx.x) % tile.cols;
+  const bool packed = l.batch_offset != nullptr, dropout = a.keep != nullptr;
+  for (int64_t item = blockIdx.x; item < l.batch * groups && r < tile.rows; item += gridDim.x) {
+    const int64_t b = item / groups, t = item % groups * tile.rows + r;
+    if (t >= l.max_t) continue;
+    const int64_t u_len = l.u_len[b];
+    const bool frame = t < l.t_len[b];
+    if (packed && !frame) continue;  // no rows
+    const int64_t base = row_base(l, b, t, u_len), steps = packed ? u_len : l.max_u;
+    for (int64_t pack = k; pack < packs; pack += tile.cols) {
+      float fv[kVec];
+      if (frame) {
+        const auto v = load_vector<kVec>(f, (b * l.max_t + t) * a.width + pack * kVec);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) fv[e] = static_cast<float>(v.value[e]);
+      }
+      for (int64_t u0 = 0; u0 < steps; u0 += kUnroll) {
+        AlignedVector<T, kVec> gv[kUnroll];
+        MaskBits<kVec> keep[kUnroll];
+#pragma unroll
+        for (int i = 0; i < kUnroll; ++i) {
+          const int64_t u = u0 + i;
+          if (frame && u < u_len && u < steps) {
+            gv[i] = load_vector<kVec>(g, (b * l.max_u + u) * a.width + pack * kVec);
+            if (dropout) keep[i] = load_mask_bits<kVec>(a.keep, (base + u) * a.width + pack * kVec);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kUnroll; ++i) {
+          const int64_t u = u0 + i;
+          if (u >= steps) break;
+          AlignedVector<T, kVec> out;
+          AlignedVector<uint8_t, kVec> passed;
+          if (frame && u < u_len) {
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) {
+              float v = fv[e] + static_cast<float>(gv[i].value[e]);
+              bool pass = !(a.relu && v <= 0.0f);
+              if (dropout) pass = pass && mask_byte(keep[i], e);
+              v = pass ? (dropout ? v * a.scale : v) : 0.0f;
+              out.value[e] = static_cast<T>(v);
+              passed.value[e] = pass;
+            }
+          } else {  // don't-care rows of the unpacked layout
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) out.value[e] = T(-1), passed.value[e] = 0;
+          }
+          const int64_t at = (base + u) * a.width + pack * kVec;
+          store_vector<kVec>(h, at, out);
+          if (a.mask != nullptr) store_vector<kVec>(a.mask, at, passed);
+        }
+      }
+    }
+  }
+  // Packed rows past the last batch's (a packed_batch larger than the lattice): don't care.
+  if (packed) {
+    const int64_t first = l.batch > 0 ? l.batch_offset[l.batch - 1] : 0, tail = (l.rows - first) * packs;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < tail;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t at = (first + i / packs) * a.width + i % packs * kVec;
       AlignedVector<T, kVec> out;
       AlignedVector<uint8_t, kVec> passed;
-      if (!c.valid) {
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) out.value[k] = T(-1), passed.value[k] = 0;
-      } else {
-        const auto fv = load_vector<kVec>(f, (c.b * l.max_t + c.t) * a.width + pack * kVec);
-        const auto gv = load_vector<kVec>(g, (c.b * l.max_u + c.u) * a.width + pack * kVec);
-        AlignedVector<bool, kVec> keep;
-        if (a.keep != nullptr) keep = load_vector<kVec>(a.keep, at);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          float v = static_cast<float>(fv.value[k]) + static_cast<float>(gv.value[k]);
-          bool pass = !(a.relu && v <= 0.0f);
-          if (a.keep != nullptr) pass = pass && keep.value[k];
-          v = pass ? (a.keep != nullptr ? v * a.scale : v) : 0.0f;
-          out.value[k] = static_cast<T>(v);
-          passed.value[k] = pass;
-        }
-      }
+      for (int e = 0; e < kVec; ++e) out.value[e] = T(-1), passed.value[e] = 0;
       store_vector<kVec>(h, at, out);
       if (a.mask != nullptr) store_vector<kVec>(a.mask, at, passed);
-    });
-  });
+    }
+  }
 }
 
-// f_grad (kOverT = false: rows (b, t), summing over u) or g_grad (kOverT: rows (b, u), over t).
-template <class T, int kVec, bool kOverT>
-__global__ void __launch_bounds__(kThreads) joint_backward_kernel(JointBackwardArgs a) {
+// The backward's plan: blocks of (batch b, chunk of `packs` packs of H, split of `frames` frames),
+// kThreads threads as `lanes` frame lanes x `packs` (thread (lane, k) = threadIdx.x = lane * packs
+// + k). A thread owns frames t0 + lane + j * lanes, j < kFramesPerLane, and walks u: f_grad's sums
+// over u stay in its registers; g_grad's sums over t add its frames, then the block's lanes through
+// shared memory in a fixed order, kSteps values of u at a time. With one split each block writes
+// g_grad; with more, partial sums (`workspace`) that joint_g_finish_kernel adds in order. h_grad
+// (and mask) are read once, each step's loads issued before the previous step's reduction.
+constexpr int kFramesPerLane = 4;
+constexpr int kSteps = 2;
+constexpr int kMaxChunkPacks = 8;  // 8 x 16 bytes: each frame lane of a warp reads 128 contiguous bytes
+
+struct BackwardPlan {
+  int packs, lanes;        // per block
+  int64_t chunks;          // of H
+  int64_t splits, frames;  // of T
+  unsigned blocks;
+};
+
+template <class T, int kVec>
+__global__ void __launch_bounds__(kThreads) joint_backward_kernel(JointBackwardArgs a, BackwardPlan plan) {
+  // Per step of u, per lane, the lane's sums over its frames: [buffer][step][lane][width + 1]
+  // (padded against bank conflicts in the reduction), two buffers so that one barrier per step
+  // suffices: a buffer is rewritten only after the next barrier, past every read of it.
+  constexpr int kBuffer = kSteps * (kThreads * kVec + kThreads);
+  __shared__ float lanes_sum[2 * kBuffer];
   const T* h_grad = static_cast<const T*>(a.h_grad);
-  T* out = static_cast<T*>(kOverT ? a.g_grad : a.f_grad);
   const Lattice& l = a.lattice;
-  const int64_t outer = kOverT ? l.max_u : l.max_t, packs = a.width / kVec;
-  for_each_row(l.batch * outer, [&](int64_t row) {
-    const int64_t b = row / outer, fixed = row % outer;
-    const int64_t t_len = l.t_len[b], u_len = l.u_len[b];
-    const int64_t count = (kOverT ? fixed < u_len : fixed < t_len) ? (kOverT ? t_len : u_len) : 0;
-    for_each_pack(packs, [&](int64_t pack) {
-      float sum[kVec] = {};
-      for (int64_t i = 0; i < count; ++i) {
-        const int64_t at = row_of(l, b, kOverT ? i : fixed, kOverT ? fixed : i) * a.width + pack * kVec;
-        const auto v = load_vector<kVec>(h_grad, at);
-        AlignedVector<uint8_t, kVec> m;
-        if (a.mask != nullptr) m = load_vector<kVec>(a.mask, at);
+  const int64_t packs = a.width / kVec, split = blockIdx.x % plan.splits;
+  const int64_t chunk = blockIdx.x / plan.splits % plan.chunks, b = blockIdx.x / plan.splits / plan.chunks;
+  const int lane = static_cast<int>(threadIdx.x) / plan.packs, k = static_cast<int>(threadIdx.x) % plan.packs;
+  const int width = plan.packs * kVec, stride = width + 1;  // the chunk's, and its rows' in lanes_sum
+  const int64_t pack = chunk * plan.packs + k;
+  const bool active = lane < plan.lanes && pack < packs;
+  const int64_t t_len = std::min(l.t_len[b], l.max_t), u_len = l.u_len[b];
+  const int64_t g_rows = std::min(u_len, l.max_u);                          // g_grad rows with sums
+  const int64_t u_end = l.batch_offset == nullptr ? g_rows : u_len;         // the u of f_grad's sums
+  const int64_t t0 = split * plan.frames, t_end = std::min(t0 + plan.frames, l.max_t);
+  int64_t at[kFramesPerLane];  // element offset of (t, u = 0) in h_grad, or -1: no frame
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          if (a.mask == nullptr || m.value[k]) sum[k] += static_cast<float>(v.value[k]);
+  for (int j = 0; j < kFramesPerLane; ++j) {
+    const int64_t t = t0 + lane + j * static_cast<int64_t>(plan.lanes);
+    at[j] = active && t < t_end && t < t_len ? row_base(l, b, t, u_len) * a.width + pack * kVec : -1;
+  }
+  AlignedVector<T, kVec> v[kSteps][kFramesPerLane];
+  MaskBits<kVec> m[kSteps][kFramesPerLane];
+  const auto load = [&](int64_t u0) {
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+      for (int j = 0; j < kFramesPerLane; ++j) {
+        if (at[j] >= 0 && u0 + s < u_end) {
+          v[s][j] = load_vector<kVec>(h_grad, at[j] + (u0 + s) * a.width);
+          if (a.mask != nullptr) m[s][j] = load_mask_bits<kVec>(a.mask, at[j] + (u0 + s) * a.width);
         }
       }
-      AlignedVector<T, kVec> result;
+    }
+  };
+  // The reduction over lanes: `group` threads per output value (a power of two, lanes of one warp)
+  // each add every group-th lane, then combine by shuffles.
+  const int outputs = kSteps * width;
+  int group = 1;
+  while (group * 2 <= C10_WARP_SIZE && group * 2 * outputs <= kThreads) group *= 2;
+  float f_sum[kFramesPerLane][kVec] = {};
+  load(0);
+  for (int64_t u0 = 0, buffer = 0; u0 < u_end; u0 += kSteps, buffer ^= 1) {
+    float* sums = lanes_sum + buffer * kBuffer;
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) result.value[k] = static_cast<T>(sum[k] * a.scale);
-      store_vector<kVec>(out, row * a.width + pack * kVec, result);
-    });
-  });
+    for (int s = 0; s < kSteps; ++s) {
+      float g_sum[kVec] = {};
+#pragma unroll
+      for (int j = 0; j < kFramesPerLane; ++j) {
+        if (at[j] < 0 || u0 + s >= u_end) continue;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const float x = a.mask == nullptr || mask_byte(m[s][j], e) ? static_cast<float>(v[s][j].value[e]) : 0.0f;
+          f_sum[j][e] += x;
+          g_sum[e] += x;
+        }
+      }
+      if (lane < plan.lanes) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) sums[(s * plan.lanes + lane) * stride + k * kVec + e] = g_sum[e];
+      }
+    }
+    load(u0 + kSteps);  // in flight through the barrier and the reduction
+    __syncthreads();
+    for (int o0 = 0; o0 < outputs * group; o0 += kThreads) {
+      const int o = (o0 + static_cast<int>(threadIdx.x)) / group, part = static_cast<int>(threadIdx.x) % group;
+      const int s = o / width, column = o % width;
+      float sum = 0.0f;
+      if (o < outputs) {
+        for (int i = part; i < plan.lanes; i += group) sum += sums[(s * plan.lanes + i) * stride + column];
+      }
+      sum = group_reduce(sum, group, [](float x, float y) { return x + y; });
+      const int64_t u = u0 + s, h = chunk * width + column;
+      if (o < outputs && part == 0 && u < g_rows && h < a.width) {
+        if (a.workspace == nullptr) {
+          static_cast<T*>(a.g_grad)[(b * l.max_u + u) * a.width + h] = static_cast<T>(sum * a.scale);
+        } else {
+          a.workspace[((split * l.batch + b) * l.max_u + u) * a.width + h] = sum;
+        }
+      }
+    }
+  }
+  if (active) {
+    T* f_grad = static_cast<T*>(a.f_grad);
+#pragma unroll
+    for (int j = 0; j < kFramesPerLane; ++j) {
+      const int64_t t = t0 + lane + j * static_cast<int64_t>(plan.lanes);
+      if (t >= t_end) continue;
+      AlignedVector<T, kVec> out;  // zeros past t_len
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) out.value[e] = static_cast<T>(f_sum[j][e] * a.scale);
+      store_vector<kVec>(f_grad, (b * l.max_t + t) * a.width + pack * kVec, out);
+    }
+  }
+  // g_grad past u_len: zeros (with splits, joint_g_finish_kernel writes them).
+  if (a.workspace == nullptr) {
+    for (int64_t o = threadIdx.x; o < (l.max_u - g_rows) * width; o += blockDim.x) {
+      const int64_t h = chunk * width + o % width;
+      if (h < a.width) static_cast<T*>(a.g_grad)[(b * l.max_u + g_rows + o / width) * a.width + h] = T(0);
+    }
+  }
+}
+
+// g_grad[b, u] = scale * the sum of the splits' partial sums (0 past u_len), one block per (b, u).
+template <class T>
+__global__ void __launch_bounds__(kThreads) joint_g_finish_kernel(JointBackwardArgs a, int64_t splits) {
+  const Lattice& l = a.lattice;
+  T* g_grad = static_cast<T*>(a.g_grad);
+  const int64_t stride = l.batch * l.max_u * a.width;
+  for (int64_t row = blockIdx.x; row < l.batch * l.max_u; row += gridDim.x) {
+    const int64_t b = row / l.max_u, u = row % l.max_u;
+    const bool inside = u < l.u_len[b];
+    for (int64_t h = threadIdx.x; h < a.width; h += blockDim.x) {
+      float sum = 0.0f;
+      if (inside) {
+        for (int64_t s = 0; s < splits; ++s) sum += a.workspace[s * stride + row * a.width + h];
+      }
+      g_grad[row * a.width + h] = static_cast<T>(sum * a.scale);
+    }
+  }
 }
 
 template <class T, class Launch>
@@ -192,31 +403,86 @@ unsigned row_blocks(int64_t rows) {
 }  // namespace
 
 void joint_forward(const Cuda& device, const JointArgs& a) {
-  if (a.lattice.rows == 0 || a.width == 0) return;
+  const Lattice& l = a.lattice;
+  if (l.rows == 0 || a.width == 0) return;
   dispatch_floating(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_vector_width<T>(a.width, {a.f, a.g, a.h}, [&](auto width) {
+    with_vector_width<T>(a.width, {a.f, a.g, a.h, a.keep, a.mask}, [&](auto width) {
       constexpr int kVec = decltype(width)::value;
-      const RowGrid grid = row_grid(a.lattice.rows, a.width / kVec, device, kThreads, kBlocksPerSm);
-      joint_forward_kernel<T, kVec><<<grid.grid, grid.block, 0, cuda::stream(device)>>>(a);
+      const JointTile tile = joint_tile(a.width / kVec);
+      const int threads = whole_warps(tile.cols * tile.rows);
+      const int64_t groups = (l.max_t + tile.rows - 1) / tile.rows;
+      const auto kernel = joint_forward_kernel<T, kVec>;
+      const int64_t resident = static_cast<int64_t>(sm_count(device.device)) *
+                               resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, 0, device.device);
+      const auto blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min(l.batch * groups, resident)));
+      kernel<<<blocks, threads, 0, cuda::stream(device)>>>(a, tile, groups);
     });
   });
   check_launch("transducer_joint_forward");
 }
 
+namespace {
+
+template <class T, int kVec>
+BackwardPlan backward_plan(const JointBackwardArgs& a, const Cuda& device) {
+  const Lattice& l = a.lattice;
+  const int64_t packs = a.width / kVec;
+  BackwardPlan plan{};
+  plan.packs = static_cast<int>(std::min<int64_t>(packs, kMaxChunkPacks));
+  plan.lanes = kThreads / plan.packs;
+  plan.chunks = (packs + plan.packs - 1) / plan.packs;
+  // As few splits of the frames as cover them at kFramesPerLane frames a lane, more while the
+  // blocks fill one wave of the GPU (down to a frame a lane): the partial sums cost 4 bytes per
+  // g_grad value and split, next to 2 x frames / splits bytes of h_grad read per value.
+  const int64_t fewest = std::max<int64_t>(1, (l.max_t + plan.lanes * kFramesPerLane - 1) / (plan.lanes * kFramesPerLane));
+  const int64_t most = std::max<int64_t>(fewest, (l.max_t + plan.lanes - 1) / plan.lanes);
+  const int64_t resident = static_cast<int64_t>(sm_count(device.device)) *
+                           resident_blocks_per_sm(reinterpret_cast<const void*>(joint_backward_kernel<T, kVec>),
+                                                  kThreads, 0, device.device);
+  const int64_t wanted = std::clamp<int64_t>(resident / std::max<int64_t>(1, l.batch * plan.chunks), fewest, most);
+  plan.frames = std::max<int64_t>(1, (l.max_t + wanted - 1) / wanted);
+  plan.splits = std::max<int64_t>(1, (l.max_t + plan.frames - 1) / plan.frames);
+  plan.blocks = static_cast<unsigned>(l.batch * plan.chunks * plan.splits);
+  return plan;
+}
+
+// The backward's plan for a's dtype and vector width.
+template <class F>
+auto with_backward_plan(const JointBackwardArgs& a, const Cuda& device, F&& f) {
+  return dispatch_floating(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kWide = vector_width<T>();
+    const bool wide = a.width % kWide == 0 && is_aligned(a.h_grad) && is_aligned(a.f_grad) && is_aligned(a.g_grad) &&
+                      (a.mask == nullptr || is_aligned(a.mask));
+    return wide ? f(tag, std::integral_constant<int, kWide>{}, backward_plan<T, kWide>(a, device))
+                : f(tag, std::integral_constant<int, 1>{}, backward_plan<T, 1>(a, device));
+  });
+}
+
+}  // namespace
+
+int64_t joint_backward_workspace(const Cuda& device, const JointBackwardArgs& a) {
+  const Lattice& l = a.lattice;
+  if (l.batch == 0 || a.width == 0) return 0;
+  return with_backward_plan(a, device, [&](auto, auto, const BackwardPlan& plan) -> int64_t {
+    return plan.splits > 1 ? plan.splits * l.batch * l.max_u * a.width : 0;
+  });
+}
+
 void joint_backward(const Cuda& device, const JointBackwardArgs& a) {
   const Lattice& l = a.lattice;
   if (l.batch == 0 || a.width == 0) return;
-  dispatch_floating(a.dtype, [&](auto tag) {
+  with_backward_plan(a, device, [&](auto tag, auto width, const BackwardPlan& plan) {
     using T = typename decltype(tag)::type;
-    with_vector_width<T>(a.width, {a.h_grad, a.f_grad, a.g_grad}, [&](auto width) {
-      constexpr int kVec = decltype(width)::value;
-      const cudaStream_t stream = cuda::stream(device);
-      const RowGrid f_grid = row_grid(l.batch * l.max_t, a.width / kVec, device, kThreads, kBlocksPerSm);
-      joint_backward_kernel<T, kVec, false><<<f_grid.grid, f_grid.block, 0, stream>>>(a);
-      const RowGrid g_grid = row_grid(l.batch * l.max_u, a.width / kVec, device, kThreads, kBlocksPerSm);
-      joint_backward_kernel<T, kVec, true><<<g_grid.grid, g_grid.block, 0, stream>>>(a);
-    });
+    const cudaStream_t stream = cuda::stream(device);
+    JointBackwardArgs args = a;
+    if (plan.splits == 1) args.workspace = nullptr;
+    joint_backward_kernel<T, decltype(width)::value><<<plan.blocks, kThreads, 0, stream>>>(args, plan);
+    if (plan.splits > 1 && l.max_u > 0) {
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(l.batch * l.max_u, std::numeric_limits<int32_t>::max()));
+      joint_g_finish_kernel<T><<<blocks, kThreads, 0, stream>>>(args, plan.splits);
+    }
   });
   check_launch("transducer_joint_backward");
 }

@@ -62,6 +62,16 @@ def test_matches_torch(device, dtype, shape, classes, real, smoothing):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("anchors,classes,real", [(40000, 96, 91), (64, 3000, 2999)])
+def test_many_rows_and_classes(device, dtype, anchors, classes, real):
+    # More rows than the CUDA kernels' blocks hold at once (each thread walks several), and more
+    # packs of classes per row than a block has threads along a row.
+    logits, targets, num_positives = make((anchors,), classes, dtype, device)
+    check(logits, targets, num_positives, real)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("alpha,gamma", [(0.25, 0.0), (0.5, 1.0), (0.9, 3.5)])
 def test_alpha_gamma(device, alpha, gamma):
     logits, targets, num_positives = make((64,), 16, torch.float32, device)

@@ -54,6 +54,25 @@ def test_joint_matches_reference(device, dtype, pack_output, relu, hidden):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pack_output", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+def test_joint_long_sequences(device, pack_output, relu):
+    # More frames than one CUDA block sums g_grad over: the backward splits them and adds the
+    # splits' partial sums in a second kernel.
+    f, g, f_len, g_len, h_grad = joint_inputs(torch.float32, device, hidden=64, batch=2, frames=300, steps=3)
+    f_ref, g_ref = f.detach().double().requires_grad_(), g.detach().double().requires_grad_()
+    h_ref, f_grad_ref, g_grad_ref = reference.transducer_joint_reference(f_ref, g_ref, h_grad.double(), f_len, g_len,
+                                                                         pack_output, relu, False)
+    joint = TransducerJoint(pack_output=pack_output, relu=relu)
+    offset = torch.cumsum(f_len * g_len, 0)
+    h = joint(f, g, f_len, g_len, offset, offset[-1]) if pack_output else joint(f, g, f_len, g_len)
+    h.backward(pack(h_grad, f_len, g_len) if pack_output else h_grad)
+    torch.testing.assert_close(h.double(), h_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(f.grad.double(), f_grad_ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(g.grad.double(), g_grad_ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_joint_dropout_uses_its_mask(device, seed):
     f, g, f_len, g_len, h_grad = joint_inputs(torch.float32, device, seed=seed)
