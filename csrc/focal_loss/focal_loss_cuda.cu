@@ -26,11 +26,7 @@ namespace {
 
 constexpr int kMaxThreads = 256;         // the backward's block; the forward's rows x packs part
 constexpr int kMaxForwardThreads = 512;  // with one more thread per row for its padded last pack
-#if defined(USE_ROCM)
-constexpr int kWarp = 64;
-#else
-constexpr int kWarp = 32;
-#endif
+constexpr int kWarp = cuda::kPlanWarp;
 constexpr int kRowsInFlight = 2;   // rows a thread computes at a time, the next ones' loads in flight
 
 template <class Acc>
@@ -138,14 +134,6 @@ C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> pack_grad(const AlignedVecto
     const Acc g = focal_terms<kGamma, true>(positive ? -x[k] : x[k], s[k], w.gamma, w.u).grad;
     out.value[k] = static_cast<T>(k < c.real ? (positive ? positive_scale : negative_scale) * g : Acc(0));
   }
-  return out;
-}
-
-template <class T, int kVec>
-C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> zeros() {
-  AlignedVector<T, kVec> out;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) out.value[k] = T(0);
   return out;
 }
 
@@ -264,11 +252,9 @@ __global__ void __launch_bounds__(kMaxThreads) finish_kernel(const Acc* partials
   if (threadIdx.x == 0) *loss = sum / static_cast<Acc>(*num_positives);
 }
 
-// The backward's block: `rows` rows x `packs` threads (one per pack of the row, up to
-// kMaxThreads; thread (r, k) is threadIdx.x = r * packs + k), every pack written.
-struct Tile {
-  int packs, rows;
-};
+// The backward's block: cuda::block_tile's `rows` rows x `cols` threads (one per pack of the row,
+// up to kMaxThreads), every pack written.
+using Tile = cuda::BlockTile;
 
 template <class T, int kVec, int kGamma>
 __global__ void __launch_bounds__(kMaxThreads) backward_kernel(Problem p, Tile tile, const acc_type<T>* grad_loss,
@@ -278,9 +264,9 @@ __global__ void __launch_bounds__(kMaxThreads) backward_kernel(Problem p, Tile t
   const Acc scale = *grad_loss / static_cast<Acc>(*p.num_positives_sum);
   const Acc negative_scale = (Acc(1) - w.alpha) * scale, positive_scale = -w.alpha * scale;
   const int64_t counted = real_packs<kVec>(p), packs = p.classes / kVec;
-  const int r = static_cast<int>(threadIdx.x) / tile.packs, k = static_cast<int>(threadIdx.x) % tile.packs;
+  const int r = static_cast<int>(threadIdx.x) / tile.cols, k = static_cast<int>(threadIdx.x) % tile.cols;
   const Walk walk{r < tile.rows ? static_cast<int64_t>(blockIdx.x) * tile.rows + r : p.rows,
-                  static_cast<int64_t>(gridDim.x) * tile.rows, k, tile.packs, packs};
+                  static_cast<int64_t>(gridDim.x) * tile.rows, k, tile.cols, packs};
   // Packs past the real classes and ignored rows get zeros, unread.
   for_each_item<T, kVec>(p, walk, counted, [&](const Item<T, kVec>& item, int64_t step) {
 #pragma unroll
@@ -297,20 +283,6 @@ __global__ void __launch_bounds__(kMaxThreads) backward_kernel(Problem p, Tile t
   });
 }
 
-int whole_warps(int threads) { return (threads + kWarp - 1) / kWarp * kWarp; }
-
-// One thread per pack along a row, up to kMaxThreads; rows fill the rest of the block, as many
-// as leave the fewest idle lanes in its warps (ties: more rows).
-Tile tile_for(int64_t packs) {
-  const int x = static_cast<int>(std::min<int64_t>(std::max<int64_t>(packs, 1), kMaxThreads));
-  Tile tile{x, 1};
-  double best = 0;
-  for (int y = 1; x * y <= kMaxThreads; ++y) {
-    const double used = static_cast<double>(x * y) / whole_warps(x * y);
-    if (used >= best) best = used, tile.rows = y;
-  }
-  return tile;
-}
 
 int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
@@ -322,7 +294,7 @@ ForwardTile forward_tile_for(int64_t full, bool has_end) {
   if (cols == 0) return {0, kMaxThreads, kMaxThreads};
   const int unit = kWarp / gcd(cols, kWarp);
   int rows = unit * std::max(1, kMaxThreads / (cols * unit));
-  if (whole_warps(cols * rows) + (has_end ? rows : 0) > kMaxForwardThreads) rows = std::max(1, kMaxThreads / cols);
+  if (cuda::whole_warps(cols * rows) + (has_end ? rows : 0) > kMaxForwardThreads) rows = std::max(1, kMaxThreads / cols);
   return {cols, rows, has_end ? rows : 0};
 }
 
@@ -355,7 +327,7 @@ struct ForwardLaunch {
 template <class T, int kVec>
 ForwardLaunch<T> forward_launch_with(const Problem& p, const Cuda& device) {
   const ForwardTile tile = forward_tile_for(full_packs<kVec>(p), real_packs<kVec>(p) > full_packs<kVec>(p));
-  const int threads = whole_warps(tile.cols * tile.rows + tile.ends);
+  const int threads = cuda::whole_warps(tile.cols * tile.rows + tile.ends);
   const ForwardKernel<T> kernel =
       with_gamma(p, [](auto gamma) -> ForwardKernel<T> { return forward_kernel<T, kVec, decltype(gamma)::value>; });
   return {kernel, tile, blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device),
@@ -371,8 +343,8 @@ ForwardLaunch<T> forward_launch(const Problem& p, const Cuda& device) {
 
 template <class T, int kVec>
 void launch_backward(const Problem& p, const acc_type<T>* grad_loss, T* grad, const Cuda& device) {
-  const Tile tile = tile_for(p.classes / kVec);
-  const int threads = whole_warps(tile.packs * tile.rows);
+  const Tile tile = cuda::block_tile(p.classes / kVec, kMaxThreads);
+  const int threads = cuda::whole_warps(tile.cols * tile.rows);
   with_gamma(p, [&](auto gamma) {
     const auto kernel = backward_kernel<T, kVec, decltype(gamma)::value>;
     const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);

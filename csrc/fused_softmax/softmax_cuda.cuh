@@ -289,14 +289,6 @@ struct MergeStats {
   }
 };
 
-template <class T, int kVec>
-C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> zeros() {
-  AlignedVector<T, kVec> z;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) z.value[k] = T(0);
-  return z;
-}
-
 // 1 / sum, or 0 for a row with nothing kept (all of it masked): its output is zeros.
 C10_DEVICE C10_ALWAYS_INLINE float inverse_sum(float sum) { return sum == 0.0f ? 0.0f : 1.0f / sum; }
 

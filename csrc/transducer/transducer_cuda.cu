@@ -21,11 +21,6 @@ namespace {
 using namespace apex::cuda;
 
 constexpr int kThreads = 256;
-#if defined(USE_ROCM)
-constexpr int kWarp = 64;  // block shapes only: any warp size computes the same
-#else
-constexpr int kWarp = 32;
-#endif
 constexpr int kRowUnroll = 4;          // 16-byte loads in flight per thread over a logits row
 constexpr int kMinRowThreads = 64;
 constexpr int kMaxRowThreads = 256;
@@ -33,26 +28,9 @@ constexpr int kMaxWavefrontThreads = 1024;
 
 // ---- joint ---------------------------------------------------------------------------------
 
-// A joint block's threads (1-D, whole warps) as `rows` x `cols`: thread (r, k) is threadIdx.x =
-// r * cols + k and works on packs k, k + cols, ... of its row (of frames in the forward, of
-// frames' lanes in the backward); threads past rows * cols idle.
-struct JointTile {
-  int cols, rows;
-};
-
-int whole_warps(int threads) { return (threads + kWarp - 1) / kWarp * kWarp; }
-
-// cols = the packs (up to kThreads), rows as many as leave the fewest idle lanes (ties: more).
-JointTile joint_tile(int64_t packs) {
-  const int cols = static_cast<int>(std::min<int64_t>(std::max<int64_t>(packs, 1), kThreads));
-  JointTile tile{cols, 1};
-  double best = 0;
-  for (int rows = 1; cols * rows <= kThreads; ++rows) {
-    const double used = static_cast<double>(cols * rows) / whole_warps(cols * rows);
-    if (used >= best) best = used, tile.rows = rows;
-  }
-  return tile;
-}
+// A joint block's threads (1-D, whole warps) are a cuda::BlockTile of `rows` x `cols`: thread (r, k)
+// is threadIdx.x = r * cols + k and works on packs k, k + cols, ... of its row (of frames in the
+// forward, of frames' lanes in the backward); threads past rows * cols idle.
 
 // Where row (b, t, u) of the lattice starts: row_base(t) + u (unpacked rows of every (t, u); packed
 // only those of t < t_len, u < u_len).
@@ -85,7 +63,7 @@ C10_DEVICE C10_ALWAYS_INLINE bool mask_byte(Bits bits, int e) {
 // b share them) kUnroll at a time, and every step stores one 16-byte vector of h (and one of mask).
 // The stores are the kernel's traffic, rows of H contiguous per warp.
 template <class T, int kVec>
-__global__ void __launch_bounds__(kThreads) joint_forward_kernel(JointArgs a, JointTile tile, int64_t groups) {
+__global__ void __launch_bounds__(kThreads) joint_forward_kernel(JointArgs a, BlockTile tile, int64_t groups) {
   constexpr int kUnroll = 4;
   const T* f = static_cast<const T*>(a.f);
   const T* g = static_cast<const T*>(a.g);
@@ -409,7 +387,7 @@ void joint_forward(const Cuda& device, const JointArgs& a) {
     using T = typename decltype(tag)::type;
     with_vector_width<T>(a.width, {a.f, a.g, a.h, a.keep, a.mask}, [&](auto width) {
       constexpr int kVec = decltype(width)::value;
-      const JointTile tile = joint_tile(a.width / kVec);
+      const BlockTile tile = block_tile(a.width / kVec, kThreads);
       const int threads = whole_warps(tile.cols * tile.rows);
       const int64_t groups = (l.max_t + tile.rows - 1) / tile.rows;
       const auto kernel = joint_forward_kernel<T, kVec>;

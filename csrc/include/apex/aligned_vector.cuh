@@ -50,6 +50,15 @@ C10_DEVICE C10_ALWAYS_INLINE void store_vector(T* base, int64_t offset, const Al
   *reinterpret_cast<AlignedVector<T, N>*>(base + offset) = vector;
 }
 
+// A vector of N zeros (a pack written where there is nothing to compute).
+template <typename T, int N>
+C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, N> zeros() {
+  AlignedVector<T, N> z;
+#pragma unroll
+  for (int k = 0; k < N; ++k) z.value[k] = T(0);
+  return z;
+}
+
 // One access group of a thread: the N elements base[i, i + N) as values of M, with one vector
 // access when the group is `aligned` (base + i on an N * sizeof(T) boundary) and lies wholly before
 // `end`; else element by element, elements at or past `end` read as 0 (a tensor's ragged tail).

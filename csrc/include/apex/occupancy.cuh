@@ -20,6 +20,34 @@
 
 namespace apex::cuda {
 
+// Block shapes are planned for this warp size (any warp size computes the same results).
+#if defined(USE_ROCM)
+constexpr int kPlanWarp = 64;
+#else
+constexpr int kPlanWarp = 32;
+#endif
+
+// Threads rounded up to whole warps: what a block of `threads` occupies.
+inline int whole_warps(int threads) { return (threads + kPlanWarp - 1) / kPlanWarp * kPlanWarp; }
+
+// A block of `cols` x `rows` threads (thread (r, k) = threadIdx.x = r * cols + k) for rows of
+// `packs` packs: one thread per pack up to max_threads, then as many rows as leave the fewest idle
+// lanes in its warps (ties: more rows).
+struct BlockTile {
+  int cols, rows;
+};
+
+inline BlockTile block_tile(int64_t packs, int max_threads) {
+  const int cols = static_cast<int>(std::min<int64_t>(std::max<int64_t>(packs, 1), max_threads));
+  BlockTile tile{cols, 1};
+  double best = 0;
+  for (int rows = 1; cols * rows <= max_threads; ++rows) {
+    const double used = static_cast<double>(cols * rows) / whole_warps(cols * rows);
+    if (used >= best) best = used, tile.rows = rows;
+  }
+  return tile;
+}
+
 inline void check(cudaError_t error, const char* what) {
   if (error != cudaSuccess) throw std::runtime_error(std::string("apex: ") + what + ": " + cudaGetErrorString(error));
 }
