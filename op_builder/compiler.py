@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import notice, toolchain
+from . import notice, toolchain, unity
 from .cache import FAILED_LOG_HEADER
 from .errors import build_error_from_log
 from .plan import BuildPlan
@@ -30,7 +30,8 @@ def compile_library(plan: BuildPlan, build_dir: Path, failed_log: Path) -> float
     seconds it took. On failure the log is saved to ``failed_log`` and OpBuildError is raised."""
     toolchain.check(plan.op, with_cuda=plan.with_gpu)
     spec_path = build_dir / "spec.json"
-    spec_path.write_text(json.dumps(plan.child_spec(build_dir), indent=2))
+    sources = unity.group_sources(list(plan.sources), build_dir, unity.build_jobs())
+    spec_path.write_text(json.dumps(plan.child_spec(build_dir, sources), indent=2))
     started = time.monotonic()
     log = _run_child(plan, spec_path, build_dir / "build.log")
     if log is not None:

@@ -61,9 +61,11 @@ class BuildPlan:
     def target(self) -> str:
         return f"GPU archs {self.archs}" if self.with_gpu else "CPU only"
 
-    def child_spec(self, build_dir: Path) -> dict:
-        """What the build child (_build_child.py) needs, as JSON-ready values."""
-        return {"name": self.op, "sources": [str(s) for s in self.sources], "include_dirs": list(self.include_dirs),
+    def child_spec(self, build_dir: Path, sources: list[Path] | None = None) -> dict:
+        """What the build child (_build_child.py) needs, as JSON-ready values; ``sources`` as it is to
+        compile them (unity.group_sources), the plan's own by default."""
+        sources = list(self.sources) if sources is None else sources
+        return {"name": self.op, "sources": [str(s) for s in sources], "include_dirs": list(self.include_dirs),
                 "cxx_flags": list(self.cxx_flags), "nvcc_flags": list(self.nvcc_flags), "with_gpu": self.with_gpu,
                 "build_dir": str(build_dir)}
 

@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 TRIVIAL = """
-import sys, time, torch
+import os, sys, time, torch
 from torch.utils.cpp_extension import load_inline
+os.makedirs(sys.argv[1], exist_ok=True)  # load_inline writes its sources there and does not create it
 start = time.monotonic()
 load_inline(name="apex_trivial_extension", cpp_sources="at::Tensor twice(at::Tensor x) { return x * 2; }",
             functions=["twice"], build_directory=sys.argv[1])
