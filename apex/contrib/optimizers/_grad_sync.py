@@ -1,11 +1,25 @@
 """Gradient side of ZeRO-2: bucket the gradients as backward makes them, reduce-scatter each
 full bucket while backward goes on, keep only this rank's shard.
 
-Each parameter's gradient is added into its bucket(s) as soon as autograd has accumulated
+Each parameter's gradient is moved into its bucket(s) as soon as autograd has accumulated
 it, and ``param.grad`` is dropped, so full-size gradients live only in the few buckets
-being filled or reduced. With ``contiguous=True`` the buckets are views of one persistent
-buffer and ``param.grad`` is a view into it: autograd accumulates in place and nothing is
-copied.
+being filled or reduced. With ``contiguous=True`` the buckets are regions of one persistent
+buffer, and ``param.grad`` may be a view into it (autograd then accumulates in place).
+
+Bucket memory is never zeroed just to be added to. A bucket's fragment that holds no
+gradient of the current round (a fresh bucket, or a region whose gradients were reduced
+or dropped) is *stale*: the first gradient is copied into it, not added, and whatever is
+still stale when the bucket is reduced is zeroed then (parameters without a gradient count
+as zeros). So a backward pass moves each gradient once (read it, write the bucket), as
+DDP does, instead of zeroing the buffer, then reading it and the gradient and writing it
+again. With the contiguous buffer this needs ``param.grad`` to be None while its region is
+stale (autograd would add to the stale values): after a reduction, and after
+``zero(set_to_none=True)``, the parameters' ``.grad`` are None; autograd then hands its fresh
+gradient to the hook, which copies it in and points ``param.grad`` at the region (later
+passes before the reduction accumulate there in place). ``zero(set_to_none=False)`` instead
+zeroes the buffer and makes ``param.grad`` the buffer's views; regions are then zeroed
+again right after each reduction (``eager``), as they are for good once someone else may
+write into the buffer (``grad_buffer_view``).
 
 Buckets are reduce-scattered strictly in index order, on every rank, so ranks always issue
 the same collectives in the same order even when their gradients arrive in different
@@ -26,6 +40,19 @@ import torch
 from apex.contrib.optimizers._collectives import GroupCollectives
 from apex.contrib.optimizers._flat import flat_view, shaped_like
 from apex.contrib.optimizers._layout import Bucket, Fragment
+
+
+def _gaps(bucket: Bucket) -> list[tuple[int, int]]:
+    """The element ranges of ``bucket`` no fragment covers (alignment padding)."""
+    gaps, position = [], 0
+    for fragment in bucket.fragments:
+        start, end = fragment.bucket_range
+        if start > position:
+            gaps.append((position, start))
+        position = max(position, end)
+    if position < bucket.size:
+        gaps.append((position, bucket.size))
+    return gaps
 
 
 class GradSync:
@@ -71,6 +98,13 @@ class GradSync:
         self.accumulate_only = False  # no_sync: keep grads where autograd put them
         self.copy_in_no_sync = False
         self.regions: list[torch.Tensor] | None = None  # the contiguous buffers' bucket regions
+        # Per bucket: the parameters whose fragment in it holds no gradient of this round (module docstring).
+        self.stale: list[set[int]] = [set() for _ in buckets]
+        # Zero reduced or dropped regions at once, and keep param.grad the buffer's views (module docstring).
+        self.eager = False
+        self.external_writes = False  # someone holds buffer views (grad_buffer_view): always eager
+        # Alignment padding of each bucket: zeroed once, never written.
+        self._gaps = [_gaps(bucket) for bucket in buckets]
         self._view_ptrs: dict[int, int | None] = {}
         self._region_starts: list[tuple[torch.Tensor, int]] = []  # (the key's buffer, the region's start)
         if contiguous:
@@ -147,19 +181,60 @@ class GradSync:
             return
         flat = flat_view(grad.detach(), like=tensor)
         for fragment in self.fragments[param]:
-            self._bucket_input(fragment.bucket)[slice(*fragment.bucket_range)].add_(flat[slice(*fragment.param_range)])
+            target = self._bucket_input(fragment.bucket)[slice(*fragment.bucket_range)]
+            source = flat[slice(*fragment.param_range)]
+            stale = self.stale[fragment.bucket]
+            if param in stale:  # nothing to add to: overwrite
+                target.copy_(source)
+                stale.discard(param)
+            else:
+                target.add_(source)
             self.dirty[fragment.bucket] = True
         tensor.grad = None
         self.point_grad_at_buffer(param)
 
     def _bucket_input(self, bucket: int) -> torch.Tensor:
+        """The full-size bucket gradients are added into (its stale fragments not zeroed yet)."""
         if self.regions is not None:
             return self.region(bucket)
         buffer = self._buffers.get(bucket)
-        if buffer is None:
-            buffer = self._buffers[bucket] = torch.zeros(self.buckets[bucket].size, dtype=self.dtypes[bucket],
+        if buffer is None:  # fresh memory: every fragment stale, the padding zeroed
+            buffer = self._buffers[bucket] = torch.empty(self.buckets[bucket].size, dtype=self.dtypes[bucket],
                                                          device=self.device)
+            self.stale[bucket] = set(self.buckets[bucket].params)
+            if self._gaps[bucket]:
+                torch._foreach_zero_([buffer[start:end] for start, end in self._gaps[bucket]])
         return buffer
+
+    def _ready_input(self, bucket: int) -> torch.Tensor:
+        """The bucket as it is to be reduced: its stale fragments zeroed."""
+        buffer = self._bucket_input(bucket)
+        stale = self.stale[bucket]
+        if stale:
+            if len(stale) == len(self.buckets[bucket].params):
+                buffer.zero_()
+            else:
+                torch._foreach_zero_([buffer[slice(*f.bucket_range)] for f in self.buckets[bucket].fragments
+                                      if f.param in stale])
+            stale.clear()
+        return buffer
+
+    def _make_stale(self, bucket: int) -> None:
+        """The region of ``bucket`` holds no gradient any more (contiguous buffer): mark it stale,
+        and drop the ``param.grad`` views into it, into which autograd would accumulate."""
+        self.stale[bucket] = set(self.buckets[bucket].params)
+        with torch._C.DisableTorchFunctionSubclass():  # a parameter whose all-gather runs need not wait
+            for param in self.buckets[bucket].params:
+                if self._holds_view(param):
+                    self.params[param].grad = None
+
+    def external_writer(self) -> None:
+        """Someone may write into the contiguous buffer (``grad_buffer_view``): keep it zeroed
+        wherever it holds no gradient, from now on."""
+        self.external_writes = self.eager = True
+        if self.regions is not None:
+            for bucket in range(len(self.buckets)):
+                self._ready_input(bucket)
 
     def on_grad(self, param: int, in_backward: bool) -> None:
         """A parameter's gradient is complete for this backward pass (its post-accumulate hook)."""
@@ -202,7 +277,7 @@ class GradSync:
     def _launch(self, bucket: int) -> None:
         if len(self._pending) >= self.in_flight_limit and self.regions is None:
             self._finish(self._pending.pop(0))
-        source = self._bucket_input(bucket)
+        source = self._ready_input(bucket)
         self._buffers.pop(bucket, None)
         shard = self.shards[bucket]
         writes_shard = not self.filled[bucket] and all(p[3] is not shard for p in self._pending)
@@ -227,8 +302,11 @@ class GradSync:
             shard.add_(out) if self.filled[bucket] else shard.copy_(out)
         self.filled[bucket] = True
         self.synced[bucket] = not self.dirty[bucket]
-        if self.regions is not None:
-            source.zero_()  # the next pass accumulates into this region again
+        if self.regions is not None:  # the next pass accumulates into this region again
+            if self.eager:
+                source.zero_()
+            else:
+                self._make_stale(bucket)
         self.reductions += 1
 
     def finish_all(self) -> None:
@@ -250,7 +328,7 @@ class GradSync:
         self.finish_all()
         due = [bucket for bucket in range(len(self.buckets)) if self.dirty[bucket] or not self.synced[bucket]]
         if self.before_reduce is not None and due:
-            self.before_reduce([self._bucket_input(bucket) for bucket in due])
+            self.before_reduce([self._ready_input(bucket) for bucket in due])
         for bucket in due:
             self._launch(bucket)
         self.finish_all()
@@ -262,18 +340,25 @@ class GradSync:
         self.filled = [False] * len(self.buckets)
         self.synced = [False] * len(self.buckets)
 
-    def zero(self) -> None:
-        """Drop every gradient: pending reductions, filled buckets, shards."""
+    def zero(self, set_to_none: bool = False) -> None:
+        """Drop every gradient: pending reductions, filled buckets, shards. With the contiguous
+        buffer, ``param.grad`` become zeroed views of it, or None with ``set_to_none`` (the buffer
+        is then left stale, not zeroed, unless someone else writes into it)."""
         self.finish_all()
         self._buffers.clear()
         if self.regions is not None:
+            self.eager = self.external_writes or not set_to_none
             for bucket, dirty in enumerate(self.dirty):
-                if dirty:
-                    self.region(bucket).zero_()
+                if dirty or not self.eager:  # zeros or dropped gradients: nothing worth keeping
+                    self.stale[bucket] = set(self.buckets[bucket].params)
+                if self.eager:
+                    self._ready_input(bucket)
         # Parameters whose all-gather still runs (overlap_param_sync) need not wait for it here.
         with torch._C.DisableTorchFunctionSubclass():
             for param in self.fragments:
-                if self.regions is None or not self._holds_view(param):
+                if self.regions is None or not self.eager:
+                    self.params[param].grad = None
+                elif not self._holds_view(param):
                     self.params[param].grad = None
                     self.point_grad_at_buffer(param)
         self.dirty = [False] * len(self.buckets)

@@ -208,3 +208,11 @@ class ParamSync:
     @property
     def pending(self) -> bool:
         return bool(self._pending)
+
+    def __del__(self) -> None:
+        # The optimizer is gone: its parameters must not be left with gathers still writing
+        # into them, nor with the temporary class.
+        try:
+            self.finish_all()
+        except Exception:  # noqa: BLE001 (interpreter shutdown, a destroyed process group)
+            pass

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -42,6 +43,20 @@ PARAM_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
 INTEGER_SYNC_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 # Below this share of the buckets' capacity in use, construction warns (NVIDIA apex's threshold).
 LOW_BUCKET_UTILIZATION = 0.7
+
+
+def _weak_grad_hook(optimizer_ref: weakref.ref) -> Callable[[torch.Tensor], None]:
+    """A post-accumulate-grad hook that calls the optimizer's ``_grad_hook`` while it lives."""
+    def hook(param: torch.Tensor) -> None:
+        optimizer = optimizer_ref()
+        if optimizer is not None:
+            optimizer._grad_hook(param)
+    return hook
+
+
+def _remove_handles(handles: list) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -151,8 +166,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for group in self.param_groups:
                 group["lr"] = torch.as_tensor(group["lr"], dtype=torch.float32, device=self.device)
         self._broadcast_params()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_hook)
-                       for p in self._all_params if p.requires_grad]
+        # The hooks hold the optimizer weakly: a hook holding it (a bound method) would make a
+        # cycle parameter -> hook -> optimizer -> parameter that Python's garbage collector
+        # cannot see through (torch does not traverse a tensor's post-accumulate-grad hooks), so
+        # the optimizer, its state, buffers and parameters would never be freed.
+        hook = _weak_grad_hook(weakref.ref(self))
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._all_params if p.requires_grad]
+        weakref.finalize(self, _remove_handles, self._hooks)
 
     # -- construction checks --------------------------------------------------------------
 
@@ -370,6 +390,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise RuntimeError(f"{type(self).__name__}: grad_buffer_view needs contiguous_grad_buffer=True")
         self._ensure_layout()
         (index,) = self._indices(param)
+        self._grads.external_writer()  # the caller may write gradients there: keep the buffer zeroed
         view = self._grads.grad_view(index)
         if view is None:
             raise RuntimeError(f"{type(self).__name__}: a {param.dtype} parameter has no view in its "
@@ -420,11 +441,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._grads.accumulate_only, self._grads.copy_in_no_sync = previous
 
     @torch.no_grad()
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop every gradient. With ``contiguous_grad_buffer`` the parameters' ``.grad`` stay
-        (zeroed) views of the buffer; otherwise they are None (``set_to_none`` has no other effect)."""
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Drop every gradient. The parameters' ``.grad`` become None, except with
+        ``contiguous_grad_buffer`` and ``set_to_none=False`` (the default, as in NVIDIA apex):
+        then they are zeroed views of the buffer, into which autograd accumulates in place.
+        ``set_to_none=True`` is the faster: the buffer is not zeroed, each gradient is copied
+        into it once by the backward hook (see ``_grad_sync``)."""
         self._ensure_layout()
-        self._grads.zero()
+        self._grads.zero(set_to_none)
         self._reset_scaling()
 
     def _reset_scaling(self) -> None:

@@ -66,8 +66,12 @@ class DistributedFusedAdam(ZeroOptimizer):
         contiguous_param_buffer: make the parameters views of one buffer laid out like the
             buckets, so the all-gather writes into them directly (parameters must all be
             ``param_sync_dtype``, or of its size when that is an integer type).
-        contiguous_grad_buffer: keep the gradients in one persistent buffer; ``param.grad`` of
-            parameters in ``grad_sync_dtype`` are views into it and nothing is copied.
+        contiguous_grad_buffer: keep the gradients in one persistent buffer. After
+            ``zero_grad()`` (``set_to_none=False``) ``param.grad`` of parameters in
+            ``grad_sync_dtype`` are zeroed views into it and autograd accumulates in place; after
+            ``zero_grad(set_to_none=True)`` they are None and the backward hook copies each new
+            gradient into the buffer, which then is never zeroed (the faster). Without it the
+            gradients go into bucket buffers that are freed once reduce-scattered.
         store_params: keep a ``dtype`` copy of the local parameter shard (a master copy), when
             the parameters or ``param_sync_dtype`` differ from ``dtype`` (a copy of what the
             parameters already hold exactly would be skipped anyway).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -158,8 +159,9 @@ class DistributedFusedLAMB(ZeroOptimizer):
 
     def _build_layout(self) -> None:
         super()._build_layout()
-        if not self.clip_after_ar:
-            self._grads.before_reduce = self._clip_before_reduction
+        if not self.clip_after_ar:  # held weakly: the optimizer owns the GradSync (no reference cycle)
+            clip = weakref.WeakMethod(self._clip_before_reduction)
+            self._grads.before_reduce = lambda buckets: clip()(buckets)
 
     @torch.no_grad()
     def _clip_before_reduction(self, buckets: list[torch.Tensor]) -> None:

@@ -8,11 +8,20 @@
     python benchmarks/contrib/optimizers/bench_distributed_adam.py              # spawns 2 ranks on 2 GPUs
     torchrun --nproc_per_node=2 benchmarks/contrib/optimizers/bench_distributed_adam.py
     python benchmarks/contrib/optimizers/bench_distributed_adam.py --device cpu --tiny   # logic check, gloo
+    python benchmarks/contrib/optimizers/bench_distributed_adam.py --quick --phases   # DDP + apex rows, phase memory
+    python benchmarks/contrib/optimizers/bench_distributed_adam.py --only overlap --snapshot   # live at the peak
 
 Every setup trains the same model (fp32 parameters, bf16 autocast, same initial values)
 on the same batches and reports the median step time of batches of back-to-back steps,
 peak memory per rank, optimizer-state bytes per rank and the loss after the timed steps
 (equal losses say the four setups compute the same training). Rank 0 prints the table.
+
+Memory: each setup starts from an empty allocator (garbage collected first); "left GiB" is
+what stays allocated once the setup's objects are dropped (a leak shows there, and would
+otherwise inflate every later row's peak). ``--phases`` adds, per setup, the allocated /
+peak / reserved memory after zero_grad, forward, backward and step of one more step;
+``--snapshot`` records the allocator's history (python stacks) and prints the allocations
+live at the peak, grouped by the first frame in this repository (timings are then slower).
 torch.compile is left out: compiling a 1B model four times would not fit the time budget,
 and it changes the forward/backward, not the optimizer and communication compared here.
 """
@@ -102,25 +111,29 @@ def fsdp2_adamw(model, rank, device):
     return model, optimizer, lambda: torch_optimizer_state_bytes(optimizer)
 
 
-def apex_distributed_adam(contiguous_grad_buffer: bool = True, overlap_param_sync: bool = False):
+def apex_distributed_adam(contiguous_grad_buffer: bool = True, overlap_param_sync: bool = False,
+                          contiguous_param_buffer: bool = True, set_to_none: bool = True):
     """fp32 parameters and state: the parameters are the master copy (no second copy is kept)
-    and are views of one flat buffer the all-gather writes into. With ``contiguous_grad_buffer``
-    gradients accumulate in one persistent full-size buffer (nothing copied); without it they
-    are moved into buckets that are freed once reduce-scattered (ZeRO-2's gradient memory)."""
+    and (``contiguous_param_buffer``) views of one flat buffer the all-gather writes into. With
+    ``contiguous_grad_buffer`` gradients go to one persistent full-size buffer (with
+    ``zero_grad(set_to_none=True)`` copied in once, the buffer never zeroed; with False
+    accumulated in place into ``param.grad`` views of it, zeroed after each reduction); without
+    it they are moved into buckets that are freed once reduce-scattered (ZeRO-2's gradient memory)."""
 
     def setup(model, rank, device):
         from apex.contrib.optimizers import DistributedFusedAdam
 
-        optimizer = DistributedFusedAdam(model.parameters(), lr=LR, contiguous_param_buffer=True,
+        optimizer = DistributedFusedAdam(model.parameters(), lr=LR, contiguous_param_buffer=contiguous_param_buffer,
                                          contiguous_grad_buffer=contiguous_grad_buffer,
                                          overlap_param_sync=overlap_param_sync)
-        optimizer.init_param_buffer()
+        if contiguous_param_buffer:
+            optimizer.init_param_buffer()
 
         def state_bytes() -> int:
             # The shards' tensors (moments; a parameter copy where one is kept), this rank's only.
             return tensor_bytes(t for s in optimizer._states for t in (s.exp_avg, s.exp_avg_sq, s.master, s.remainders))
 
-        return model, optimizer, state_bytes
+        return model, optimizer, state_bytes, dict(set_to_none=set_to_none)
 
     return setup
 
@@ -132,28 +145,44 @@ SETUPS: dict[str, Callable] = {
     "apex DistributedFusedAdam": apex_distributed_adam(),
     "apex DFA, freed grad buckets": apex_distributed_adam(contiguous_grad_buffer=False),
     "apex DFA, overlap_param_sync": apex_distributed_adam(overlap_param_sync=True),
+    "apex DFA, zero_grad to views": apex_distributed_adam(set_to_none=False),
+    "apex DFA, overlap, own params": apex_distributed_adam(overlap_param_sync=True, contiguous_param_buffer=False),
 }
+# --quick: DDP and the main apex rows.
+QUICK = ("DDP + AdamW(fused)", "apex DistributedFusedAdam", "apex DFA, freed grad buckets",
+         "apex DFA, overlap_param_sync", "apex DFA, zero_grad to views")
 
 
 def run_setup(name: str, rank: int, device: torch.device, args) -> dict:
     config = MODEL_TINY if args.tiny else MODEL_1B
     cuda = device.type == "cuda"
+    gc.collect()  # what earlier setups left in reference cycles must not count here
     if cuda:
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if cuda else 0
+    recording = cuda and args.snapshot
+    if recording:
+        torch.cuda.memory._record_memory_history(max_entries=args.snapshot_entries, stacks="python")
     model = make_model(config, device)
     parameters = sum(p.numel() for p in model.parameters())  # before FSDP2 shards them
-    wrapped, optimizer, state_bytes = SETUPS[name](model, rank, device)
+    wrapped, optimizer, state_bytes, *options = SETUPS[name](model, rank, device)
+    set_to_none = options[0].get("set_to_none", True) if options else True
     x, y = batch(config, args.batch, rank, device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
 
-    def step() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
+    def step(phase: Callable[[str], None] = lambda _: None) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=set_to_none)
+        phase("zero_grad")
         with autocast:
             logits = wrapped(x)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        phase("forward")
         loss.backward()
+        phase("backward")
         optimizer.step()
+        phase("step")
         return loss
 
     for _ in range(args.warmup):
@@ -174,34 +203,139 @@ def run_setup(name: str, rank: int, device: torch.device, args) -> dict:
             samples.append(start.elapsed_time(stop) / args.steps)
         else:
             samples.append((time.perf_counter() - t0) * 1e3 / args.steps)
+    peak = torch.cuda.max_memory_allocated() if cuda else float("nan")
+    phases = measure_phases(step) if cuda and args.phases else None
     if hasattr(optimizer, "param_sync"):
         optimizer.param_sync()
     result = {
         "ms": statistics.median(samples),
-        "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else float("nan"),
+        "peak_gib": (peak - before) / GIB if cuda else float("nan"),
+        "held_before_gib": before / GIB,
         "state_gib": state_bytes() / GIB,
         "loss": float(loss.detach()),
         "params": parameters,
+        "phases": phases,
     }
-    del wrapped, optimizer, model, state_bytes
-    gc.collect()
-    dist.barrier()
+    if recording:
+        result["snapshot"] = live_at_peak(torch.cuda.memory._snapshot(), before, device, args.snapshot_entries)
+        torch.cuda.memory._record_memory_history(enabled=None)
     return result
+
+
+def measure_phases(step: Callable) -> list[tuple[str, float, float, float]]:
+    """One more step: (phase, allocated, peak since the previous phase, reserved) in GiB after
+    zero_grad, forward, backward and step. Allocator counters are host-side: no synchronization."""
+    rows = []
+    torch.cuda.reset_peak_memory_stats()
+
+    def phase(name: str) -> None:
+        rows.append((name, torch.cuda.memory_allocated() / GIB, torch.cuda.max_memory_allocated() / GIB,
+                     torch.cuda.memory_reserved() / GIB))
+        torch.cuda.reset_peak_memory_stats()
+
+    step(phase)
+    return rows
+
+
+_REPO_DIRS = ("/apex/", "/examples/", "/benchmarks/")
+
+
+def _site(frames: list[dict]) -> str:
+    """Where an allocation came from: its innermost frame in this repository (apex, the model,
+    the benchmark), with the innermost torch frame above it when that is not the same. The
+    handler that finishes a pending all-gather (overlap_param_sync) only passes the op on: the
+    op's output belongs to its caller."""
+    frames = [f for f in frames if not (f["name"] == "__torch_function__" and f["filename"].endswith("_param_sync.py"))]
+    inner = next((f for f in frames if "site-packages" not in f["filename"] and f["filename"].endswith(".py")), None)
+    torch_frame = next((f for f in frames if "/torch/" in f["filename"]), None)
+    own = next((f for f in frames if any(d in f["filename"] for d in _REPO_DIRS)), None)
+    chosen = own or inner
+    if chosen is None:  # autograd's backward runs in C++ threads: no python stack
+        return "(no python frame: backward)" if torch_frame is None else _frame(torch_frame)
+    where = _frame(chosen, line=True)
+    if torch_frame is not None and frames.index(torch_frame) < frames.index(chosen):
+        where += f" <- {_frame(torch_frame)}"
+    return where
+
+
+def _frame(frame: dict, line: bool = False) -> str:
+    name = os.path.basename(frame["filename"]).removesuffix(".py")
+    return f"{name}.py:{frame['line']} {frame['name']}" if line else f"{name}.{frame['name']}"
+
+
+def live_at_peak(snapshot: dict, before: int, device: torch.device, max_entries: int, top: int = 15) -> dict:
+    """Replay the recorded allocations to their peak and describe what was live there (a trace
+    that filled ``max_entries`` lost its oldest events: the replay is then incomplete)."""
+    events = [e for e in snapshot["device_traces"][device.index or 0] if e["action"] in ("alloc", "free_requested")]
+    live: dict[int, tuple[int, list]] = {}
+    total = peak = before
+    peak_at = -1
+    for i, event in enumerate(events):  # pass 1: where the peak is
+        if event["action"] == "alloc":
+            live[event["addr"]] = (event["size"], event.get("frames", []))
+            total += event["size"]
+        else:
+            size, _ = live.pop(event["addr"], (event["size"], None))
+            total -= size
+        if total > peak:
+            peak, peak_at = total, i
+    live.clear()
+    freed_earlier = 0  # blocks allocated before recording and freed before the peak
+    for event in events[:peak_at + 1]:  # pass 2: what is live there
+        if event["action"] == "alloc":
+            live[event["addr"]] = (event["size"], event.get("frames", []))
+        elif event["addr"] in live:
+            del live[event["addr"]]
+        else:
+            freed_earlier += event["size"]
+    sites: dict[str, list[int]] = {}
+    for size, frames in live.values():
+        entry = sites.setdefault(_site(frames), [0, 0, 0])
+        entry[0] += size
+        entry[1] += 1
+        entry[2] = max(entry[2], size)
+    if before - freed_earlier > 0:
+        sites["(allocated before this setup)"] = [before - freed_earlier, 0, 0]
+    groups = sorted(sites.items(), key=lambda item: -item[1][0])[:top]
+    blocks = sorted(((size, _site(frames)) for size, frames in live.values()), key=lambda b: -b[0])[:top]
+    return {"peak_gib": peak / GIB, "events": len(events), "groups": groups, "blocks": blocks,
+            "trace_full": len(snapshot["device_traces"][device.index or 0]) >= max_entries}
+
+
+def selected(args) -> list[str]:
+    names = list(QUICK if args.quick else SETUPS)
+    if args.only:
+        names = [n for n in SETUPS if any(part.strip().lower() in n.lower() for part in args.only.split(","))]
+    return names
 
 
 def benchmark(rank: int, world_size: int, args) -> None:
     device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
+    cuda = device.type == "cuda"
     rows = {}
-    for name in SETUPS:
-        if args.only and not any(part.lower() in name.lower() for part in args.only.split(",")):
-            continue
+    for name in selected(args):
         try:
             rows[name] = run_setup(name, rank, device, args)
+            # Everything of the setup is out of scope now: what is still allocated is held by
+            # something else (a reference cycle until the collector runs, or a leak). NCCL
+            # holds the tensors of collectives never waited for (DDP's buckets) until its
+            # watchdog has seen them done and the next call on the group: let it.
+            if cuda:
+                torch.cuda.synchronize()
+                time.sleep(0.5)
+            dist.barrier()
+            if cuda:
+                rows[name]["left_gib"] = torch.cuda.memory_allocated() / GIB - rows[name]["held_before_gib"]
+                gc.collect()
+                rows[name]["left_gc_gib"] = torch.cuda.memory_allocated() / GIB - rows[name]["held_before_gib"]
         except Exception:  # one broken setup must not hide the others
             rows[name] = {"error": traceback.format_exc().strip().splitlines()[-1]}
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.memory._record_memory_history(enabled=None)
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        dist.barrier()
     if rank == 0:
         print_table(rows, world_size, device, args)
 
@@ -212,7 +346,9 @@ def print_table(rows: dict, world_size: int, device: torch.device, args) -> None
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (gloo)"
     print(f"## {params / 1e6:.1f}M-parameter GPT, {world_size} x {where}, torch {torch.__version__}, "
           f"{args.batch} x {config['context']} tokens per rank, fp32 params, bf16 autocast on GPU")
-    header = f"{'setup':<32} {'step ms':>9} {'vs DDP':>7} {'peak GiB/rank':>14} {'opt state GiB/rank':>19} {'loss':>8}"
+    cuda = device.type == "cuda"
+    header = (f"{'setup':<32} {'step ms':>9} {'vs DDP':>7} {'peak GiB/rank':>14} {'opt state GiB/rank':>19} "
+              f"{'loss':>8} {'left GiB del/gc':>16}")
     print(header + "\n" + "-" * len(header))
     ddp = rows.get("DDP + AdamW(fused)", {})
     for name, row in rows.items():
@@ -220,12 +356,36 @@ def print_table(rows: dict, world_size: int, device: torch.device, args) -> None
             print(f"{name:<32} failed: {row['error']}")
             continue
         ratio = row["ms"] / ddp["ms"] if "ms" in ddp else float("nan")
-        peak = f"{row['peak_gib']:.2f}" if device.type == "cuda" else "n/a"
-        print(f"{name:<32} {row['ms']:>9.2f} {ratio:>6.2f}x {peak:>14} {row['state_gib']:>19.3f} {row['loss']:>8.4f}")
+        peak = f"{row['peak_gib']:.2f}" if cuda else "n/a"
+        left = f"{row['left_gib']:.2f}/{row['left_gc_gib']:.2f}" if cuda else "n/a"
+        print(f"{name:<32} {row['ms']:>9.2f} {ratio:>6.2f}x {peak:>14} {row['state_gib']:>19.3f} "
+              f"{row['loss']:>8.4f} {left:>16}")
+    held = {name: row["held_before_gib"] for name, row in rows.items() if row.get("held_before_gib", 0) > 0.01}
+    if held:
+        print(f"allocated before the setup started (GiB, not counted in its peak): {held}")
     print(f"\nstep = zero_grad + forward + backward (+ gradient sync) + optimizer step; median of {args.repeats} "
-          f"batches of {args.steps} steps after {args.warmup} warm-up steps. Read the scaling caveats in "
-          "benchmarks/contrib/optimizers/NOTES.md: 2 GPUs show the 1/N state and the overlap, not the "
-          "communication cost at larger N.", flush=True)
+          f"batches of {args.steps} steps after {args.warmup} warm-up steps. Peak = max_memory_allocated during "
+          "the setup, less what was allocated before it. Left = still allocated after the setup's objects were dropped "
+          "(and a barrier), before / after gc.collect(). "
+          "Read the scaling caveats in benchmarks/contrib/optimizers/NOTES.md: 2 GPUs show the 1/N state and the "
+          "overlap, not the communication cost at larger N.", flush=True)
+    for name, row in rows.items():
+        if row.get("phases"):
+            print(f"\n{name}: memory after each phase of one more step (GiB, rank 0)")
+            print(f"  {'phase':<10} {'allocated':>10} {'peak in phase':>14} {'reserved':>9}")
+            for phase, allocated, peak, reserved in row["phases"]:
+                print(f"  {phase:<10} {allocated:>10.2f} {peak:>14.2f} {reserved:>9.2f}")
+        if row.get("snapshot"):
+            snap = row["snapshot"]
+            print(f"\n{name}: live at the recorded peak, {snap['peak_gib']:.2f} GiB ({snap['events']} alloc/free "
+                  "events; rank 0). By site (innermost frame in this repository <- torch op):")
+            if snap["trace_full"]:
+                print("  (the trace filled --snapshot-entries: its oldest events are lost, raise it)")
+            for site, (size, count, largest) in snap["groups"]:
+                print(f"  {size / GIB:>7.3f} GiB  {count:>5} blocks  largest {largest / 2**20:>8.1f} MiB  {site}")
+            print("  largest blocks:")
+            for size, site in snap["blocks"]:
+                print(f"  {size / 2**20:>9.1f} MiB  {site}")
 
 
 def main() -> None:
@@ -238,6 +398,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed batches")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--only", default="", help="comma-separated parts of the setup names to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    parser.add_argument("--phases", action="store_true",
+                        help="memory after zero_grad / forward / backward / step of one more step, per setup")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="record the allocator's history and print what is live at the peak (slows the steps)")
+    parser.add_argument("--snapshot-entries", type=int, default=2_000_000, help="allocator trace entries kept")
     args = parser.parse_args()
     args.batch = args.batch or (4 if args.tiny else 8)
     if "RANK" in os.environ:  # under torchrun

@@ -125,12 +125,27 @@ CASES: dict[str, dict[str, Any]] = {
         kind="train", optimizer="adam",
         options=dict(contiguous_param_buffer=True, contiguous_grad_buffer=True, overlap_param_sync=True,
                      pipeline_size=1)),
+    # zero_grad(set_to_none=True): the gradients are copied into stale (never zeroed) buffer regions.
+    "train_contiguous_set_to_none": dict(
+        kind="train", optimizer="adam", set_to_none=True,
+        options=dict(contiguous_param_buffer=True, contiguous_grad_buffer=True)),
+    "train_contiguous_no_grad_overlap_set_to_none": dict(
+        kind="train", optimizer="adam", set_to_none=True,
+        options=dict(contiguous_grad_buffer=True, overlap_grad_sync=False, overlap_param_sync=True)),
     "train_one_bucket": dict(kind="train", optimizer="adam", options=dict(bucket_cap_mb=100.0)),
     "train_accumulate_no_sync": dict(kind="train", optimizer="adam", options={}, micro=2, no_sync=True),
     "train_accumulate_synced": dict(kind="train", optimizer="adam", options=dict(contiguous_grad_buffer=True),
                                     micro=2, no_sync=False),
     "train_accumulate_contiguous_no_sync": dict(kind="train", optimizer="adam", micro=2, no_sync=True,
                                                 options=dict(contiguous_grad_buffer=True)),
+    "train_accumulate_synced_set_to_none": dict(kind="train", optimizer="adam", micro=3, no_sync=False,
+                                                set_to_none=True, options=dict(contiguous_grad_buffer=True)),
+    "train_accumulate_contiguous_no_sync_set_to_none": dict(
+        kind="train", optimizer="adam", micro=3, no_sync=True, set_to_none=True,
+        options=dict(contiguous_grad_buffer=True)),
+    "train_accumulate_greedy_copy_set_to_none": dict(kind="train", optimizer="adam", micro=3, no_sync=True,
+                                                     greedy_grad_copy=True, set_to_none=True,
+                                                     options=dict(contiguous_grad_buffer=True)),
     "train_clip": dict(kind="train", optimizer="adam", options={}, clip=0.05),
     "train_param_groups": dict(kind="train", optimizer="adam", options={}, groups=True),
     "train_sum_not_average": dict(kind="train", optimizer="adam", options=dict(average_grad_sync=False)),
@@ -140,6 +155,8 @@ CASES: dict[str, dict[str, Any]] = {
         adam_w_mode=False, grad_averaging=False, bias_correction=False, use_nvlamb=True, max_grad_norm=1.0)),
     "train_lamb_contiguous": dict(kind="train", optimizer="lamb", groups=True, options=dict(
         set_param_views_to_flat_buffer=True, contiguous_grad_buffer=True, overlap_reductions=False)),
+    "train_lamb_contiguous_set_to_none": dict(kind="train", optimizer="lamb", groups=True, set_to_none=True,
+                                              options=dict(contiguous_grad_buffer=True, max_grad_norm=0.05)),
     "manual_fp32": dict(kind="manual", optimizer="adam", dtype=torch.float32, options={}),
     "manual_capturable": dict(kind="manual", optimizer="adam", dtype=torch.float32, options=dict(capturable=True)),
     "manual_l2_no_bias_correction": dict(kind="manual", optimizer="adam", dtype=torch.float32,
@@ -181,6 +198,13 @@ CASES: dict[str, dict[str, Any]] = {
     # Each rank clips its own gradient before the reduction (NVIDIA apex's clip_after_ar=False).
     "manual_lamb_clip_before_reduction": dict(kind="manual", optimizer="lamb", dtype=torch.float32,
                                               options=dict(max_grad_norm=1.0, clip_after_ar=False)),
+    "manual_lamb_clip_before_reduction_contiguous": dict(
+        kind="manual", optimizer="lamb", dtype=torch.float32, set_to_none=True,
+        options=dict(max_grad_norm=1.0, clip_after_ar=False, contiguous_grad_buffer=True)),
+    "manual_multi_dtypes_contiguous_set_to_none": dict(
+        kind="manual", optimizer="adam", dtype=torch.float32, state_tolerance=torch.bfloat16,
+        model_tolerance=torch.bfloat16, options=dict(contiguous_grad_buffer=True), set_to_none=True,
+        init=[(slice(0, None, 2), dict(grad_sync_dtype=torch.bfloat16, param_sync_dtype=torch.bfloat16))]),
 }
 
 
@@ -211,10 +235,11 @@ def _train(rank: int, world: int, case: dict[str, Any], device: str) -> dict[str
     optimizer = make_optimizer(case, params, device)
     micro, norms = case.get("micro", 1), []
     for step in range(STEPS):
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=case.get("set_to_none", False))
         for m in range(micro):
             quiet = case.get("no_sync") and m < micro - 1
-            with optimizer.no_sync() if quiet else contextlib.nullcontext():
+            greedy = case.get("greedy_grad_copy", False)
+            with optimizer.no_sync(greedy_grad_copy=greedy) if quiet else contextlib.nullcontext():
                 x, y = local_batch(step, m, rank, world)
                 loss_of(net, x.to(device), y.to(device)).backward()
         if case.get("clip"):
@@ -237,7 +262,7 @@ def _manual(rank: int, world: int, case: dict[str, Any], device: str) -> dict[st
     scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=1000) if case.get("scaler") else None
     scales = []
     for step in range(STEPS):
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=case.get("set_to_none", False))
         grads = manual_grads(step, rank, params)
         if scaler is not None:  # what scaler.scale(loss).backward() would give
             scales.append(float(scaler.get_scale()))
