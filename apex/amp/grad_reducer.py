@@ -13,6 +13,8 @@ O2/O5: half the bytes of fp32), so every rank then sees the same overflow and sk
 import torch
 import torch.distributed as dist
 
+from apex._weak_hooks import remove_with, weak_method
+
 
 def require_process_group():
     if not (dist.is_available() and dist.is_initialized()):
@@ -76,24 +78,23 @@ class FlatGradReducer:
         self._pending = []
         self._works = [None] * len(self.chunks)
         self._seen = set()
-        self._hooks = [params[index].register_post_accumulate_grad_hook(self._hook(index, chunk))
+        # Weak hooks (apex._weak_hooks): hooks holding this reducer would keep its buffers alive.
+        self._hooks = [params[index].register_post_accumulate_grad_hook(weak_method(self, "_grad_accumulated", index, chunk))
                        for index, chunk in chunk_of_param.items()]
+        remove_with(self, self._hooks)
 
-    def _hook(self, index, chunk):
-        def grad_accumulated(_param):
-            if not self._armed:
-                return
-            if index in self._seen:
-                raise RuntimeError("combine_ddp=True reduces each grad once per backward, like "
-                                   "DistributedDataParallel, but a param's grad was accumulated twice in one "
-                                   "scale_loss block. Give every backward but the last its own "
-                                   "amp.scale_loss(..., delay_unscale=True) block.")
-            self._seen.add(index)
-            self._pending[chunk] -= 1
-            if self._pending[chunk] == 0:
-                self._launch(chunk)
-
-        return grad_accumulated
+    def _grad_accumulated(self, index, chunk, _param):
+        if not self._armed:
+            return
+        if index in self._seen:
+            raise RuntimeError("combine_ddp=True reduces each grad once per backward, like "
+                               "DistributedDataParallel, but a param's grad was accumulated twice in one "
+                               "scale_loss block. Give every backward but the last its own "
+                               "amp.scale_loss(..., delay_unscale=True) block.")
+        self._seen.add(index)
+        self._pending[chunk] -= 1
+        if self._pending[chunk] == 0:
+            self._launch(chunk)
 
     def _launch(self, chunk):
         grads, _ = self.chunks[chunk]

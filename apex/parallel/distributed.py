@@ -6,7 +6,6 @@ torch.distributed's own engine: NCCL for CUDA models, gloo for CPU models.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import warnings
 from collections import defaultdict
@@ -17,6 +16,7 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from apex._ops import ops
+from apex._weak_hooks import remove_with, weak_method
 from apex.parallel import _process_group
 
 
@@ -227,8 +227,11 @@ class DistributedDataParallel(torch.nn.Module):
             hook.remove()
         self._params = [p for p in self.module.parameters() if p.requires_grad]
         self._param_key = self._trainable_key()
-        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._gradient_ready, i))
+        # Weak hooks (apex._weak_hooks): a hook holding this wrapper would keep it and its module
+        # alive for good.
+        self._hooks = [p.register_post_accumulate_grad_hook(weak_method(self, "_gradient_ready", i))
                        for i, p in enumerate(self._params)]
+        remove_with(self, self._hooks)
         self._plan: list[list[int]] | None = None
         self._reset_iteration()
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from apex._weak_hooks import remove_with, weak_method
 from apex.contrib.optimizers import _checkpoint, _nccl_ub
 from apex.contrib.optimizers._casts import reinterprets
 from apex.contrib.optimizers._collectives import GroupCollectives
@@ -43,20 +43,6 @@ PARAM_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
 INTEGER_SYNC_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 # Below this share of the buckets' capacity in use, construction warns (NVIDIA apex's threshold).
 LOW_BUCKET_UTILIZATION = 0.7
-
-
-def _weak_grad_hook(optimizer_ref: weakref.ref) -> Callable[[torch.Tensor], None]:
-    """A post-accumulate-grad hook that calls the optimizer's ``_grad_hook`` while it lives."""
-    def hook(param: torch.Tensor) -> None:
-        optimizer = optimizer_ref()
-        if optimizer is not None:
-            optimizer._grad_hook(param)
-    return hook
-
-
-def _remove_handles(handles: list) -> None:
-    for handle in handles:
-        handle.remove()
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -166,13 +152,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for group in self.param_groups:
                 group["lr"] = torch.as_tensor(group["lr"], dtype=torch.float32, device=self.device)
         self._broadcast_params()
-        # The hooks hold the optimizer weakly: a hook holding it (a bound method) would make a
-        # cycle parameter -> hook -> optimizer -> parameter that Python's garbage collector
-        # cannot see through (torch does not traverse a tensor's post-accumulate-grad hooks), so
-        # the optimizer, its state, buffers and parameters would never be freed.
-        hook = _weak_grad_hook(weakref.ref(self))
+        # The hooks hold the optimizer weakly (apex._weak_hooks): a bound-method hook would keep
+        # the optimizer, its state, buffers and parameters alive for good.
+        hook = weak_method(self, "_grad_hook")
         self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._all_params if p.requires_grad]
-        weakref.finalize(self, _remove_handles, self._hooks)
+        remove_with(self, self._hooks)
 
     # -- construction checks --------------------------------------------------------------
 
