@@ -1,6 +1,6 @@
 // group_norm: the ops (schema, checks, outputs, autograd), each declared once.
 #include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/empty.h>
 
 #include "apex/autograd.h"
 #include "group_norm.h"
@@ -56,7 +56,7 @@ const void* param_data(const std::optional<at::Tensor>& p, at::ScalarType acc, a
 
 template <class Device>
 at::Tensor workspace_for(const Device& device, const Shape& shape, Dtype dtype, bool backward, const at::Tensor& like) {
-  return at::zeros({workspace_bytes(device, shape, dtype, backward)}, like.options().dtype(at::kByte));
+  return at::empty({workspace_bytes(device, shape, dtype, backward)}, like.options().dtype(at::kByte));
 }
 
 }  // namespace

@@ -206,8 +206,31 @@ def test_opcheck(device, memory_format):
     ((5, 1001, 7, 9), 7, torch.channels_last),
     ((16, 320, 32, 32), 32, torch.contiguous_format),
     ((2, 128, 129, 65), 16, torch.contiguous_format),
+    # channels in several chunks of a block's width (2560 16-bit channels: 320 packs > 256 threads)
+    ((2, 2560, 9, 7), 32, torch.channels_last),
+    # more samples than the grid wants blocks (one split per sample), and few channels with a long
+    # spatial axis (many splits per channel)
+    ((300, 64, 4, 4), 8, torch.channels_last),
+    ((1, 4, 512, 1024), 2, torch.contiguous_format),
+    ((1, 6, 300, 700), 3, torch.channels_last),
 ])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_large_shapes_on_gpu(shape, groups, memory_format, dtype):
     x, weight, bias = make(shape, dtype, "cuda", memory_format, param_dtype=torch.float32)
     check(x, groups, weight, bias, act="silu")
+
+
+# Every sum is taken in a fixed order (per-block partials, folded by split): two runs agree bitwise.
+@pytest.mark.gpu
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+def test_deterministic_on_gpu(memory_format):
+    x, weight, bias = make((8, 320, 24, 24), torch.bfloat16, "cuda", memory_format, param_dtype=torch.float32)
+    dy = torch.randn_like(x)
+    results = []
+    for _ in range(2):
+        leaves = [t.detach().requires_grad_() for t in (x, weight, bias)]
+        y = group_norm(leaves[0], 32, leaves[1], leaves[2], 1e-5, "silu")
+        y.backward(dy)
+        results.append([y.detach()] + [t.grad for t in leaves])
+    for first, second in zip(*results):
+        assert torch.equal(first, second)
