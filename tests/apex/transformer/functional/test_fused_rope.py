@@ -1,8 +1,10 @@
 """fused_rotary_positional_embedding ops and apex.transformer.functional.fused_rope against the unfused
 PyTorch composite (Megatron's reference), on CPU and (marker gpu) CUDA: sbhd/bshd and any strides,
 partial rotary dims, interleaved pairs, start positions, float32 or 16-bit tables, thd, 2-D, the
-historical module, tracing and bad input."""
+historical module, tracing and bad input; on the GPU also the cases the CUDA kernel tells apart and
+angles past 1e5 radians, and on the CPU its work split (rope_plan.h, compiled with g++)."""
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,14 +74,20 @@ def test_sbhd_forward_backward(device, dtype, cached):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_16bit_cached_tables_match_the_composite_exactly(device, dtype):
-    t = torch.randn(9, 2, 4, 32, device=device).to(dtype)
-    angles = torch.randn(9, 1, 1, 32, device=device)
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-    assert torch.equal(fused_apply_rotary_pos_emb_cached(t, cos, sin), reference(t, cos, sin))
-    g = torch.randn_like(t)
-    (grad,) = torch.autograd.grad(fused_apply_rotary_pos_emb_cached(t.requires_grad_(), cos, sin), t, g)
-    assert torch.equal(grad, torch.autograd.grad(reference(t, cos, sin), t, g)[0])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_16bit_cached_tables_match_the_composite_exactly(device, dtype, interleaved):
+    """Bit for bit, forward and backward (CUDA: the packed half2/bfloat162 arithmetic, whole rotary dim
+    and a partial one with copied dims)."""
+    for d, d2 in [(32, 32), (48, 16)]:
+        t = torch.randn(9, 2, 4, d, device=device).to(dtype)
+        angles = torch.randn(9, 1, 1, d2, device=device)
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        out = fused_apply_rotary_pos_emb_cached(t, cos, sin, interleaved=interleaved)
+        assert torch.equal(out, reference(t, cos, sin, interleaved))
+        g = torch.randn_like(t)
+        (grad,) = torch.autograd.grad(fused_apply_rotary_pos_emb_cached(t.requires_grad_(), cos, sin,
+                                                                        interleaved=interleaved), t, g)
+        assert torch.equal(grad, torch.autograd.grad(reference(t, cos, sin, interleaved), t, g)[0])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -273,3 +281,252 @@ def test_int64_offsets_past_two_billion_elements():
     freqs = torch.randn(s, 1, 1, d, device="cuda")
     out = fused_apply_rotary_pos_emb(t, freqs)
     check(out[-2:], reference(t[-2:], freqs[-2:].cos(), freqs[-2:].sin()), torch.bfloat16)
+
+
+def _memory_variants(t):
+    """t [s, b, h, d] as sbhd views over different memory: contiguous, bshd memory, heads apart (h
+    outermost of the token dims), a slice of wider heads, and data not 16-byte aligned (the CUDA
+    kernel's one-element path); all but the last keep its 16-byte vector path."""
+    s, b, h, d = t.shape
+    wider = torch.zeros(s, b, h, d + 16, device=t.device, dtype=t.dtype)
+    wider[..., :d] = t
+    flat = torch.empty(t.numel() + 1, device=t.device, dtype=t.dtype)
+    misaligned = flat[1:].view(t.shape)
+    misaligned.copy_(t)
+    return {"sbhd": t, "bshd_memory": t.transpose(0, 1).contiguous().transpose(0, 1),
+            "heads_apart": t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3), "sliced": wider[..., :d],
+            "misaligned": misaligned}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_cuda_kernel_cases(dtype, interleaved):
+    """What the CUDA kernel tells apart, forward and backward against the composite: head counts around
+    its batch of 4 heads in flight (1, 3, 5, 8, 64, 130), a token or two with many heads (the heads then
+    split over blocks), partial rotary dims (copied units beside rotated ones in a warp), heads wider
+    than a block of units (d = 4096), any memory layout (_memory_variants), angle tables whose rows are
+    or are not whole 16-byte vectors, and cached cos/sin in float32 or the data's dtype."""
+    torch.manual_seed(0)
+    shapes = [(1, 1, 64, 128, 128), (2, 3, 130, 64, 32), (37, 2, 1, 128, 64), (16, 3, 3, 128, 128),
+              (64, 2, 8, 96, 32), (5, 1, 5, 256, 256), (33, 2, 5, 128, 96), (3, 1, 2, 4096, 4096)]
+    for s, b, h, d, d2 in shapes:
+        freqs = torch.randn(s + 5, 1, 1, d2, device="cuda") * 20
+        padded = torch.zeros(s + 5, 1, 1, d2 + 2, device="cuda")
+        padded[..., :d2] = freqs
+        cos, sin = freqs[:s].cos(), freqs[:s].sin()
+        for name, t in _memory_variants(torch.randn(s, b, h, d, device="cuda").to(dtype)).items():
+            t = t.detach().requires_grad_()
+            expected = reference(t, cos, sin, interleaved)
+            g = torch.randn_like(expected)
+            expected_grad = torch.autograd.grad(expected, t, g)[0]
+            calls = {
+                "angles": lambda: fused_apply_rotary_pos_emb(t, freqs, interleaved=interleaved),
+                "angles, rows not whole vectors": lambda: fused_apply_rotary_pos_emb(t, padded[..., :d2],
+                                                                                     interleaved=interleaved),
+                "cached float32": lambda: fused_apply_rotary_pos_emb_cached(t, freqs.cos(), freqs.sin(),
+                                                                            interleaved=interleaved),
+            }
+            for call, run in calls.items():
+                out = run()
+                check(out, expected, dtype)
+                check(torch.autograd.grad(out, t, g)[0], expected_grad, dtype)
+            # Cached tables in the data's dtype: the composite rounds cos/sin the same way, so equal.
+            c16, s16 = freqs.cos().to(dtype), freqs.sin().to(dtype)
+            out = fused_apply_rotary_pos_emb_cached(t, c16, s16, interleaved=interleaved)
+            check(out, reference(t, c16[:s], s16[:s], interleaved), dtype)
+        # The bshd face, with start positions.
+        t = torch.randn(b, s, h, d, device="cuda").to(dtype)
+        start = torch.arange(b, device="cuda") % 6
+        out = fused_apply_rotary_pos_emb(t, freqs, tensor_format="bshd", interleaved=interleaved,
+                                         start_positions=start)
+        rows = torch.stack([freqs[p:p + s, 0] for p in start.tolist()])  # [b, s, 1, d2]
+        check(out, reference(t, rows.cos(), rows.sin(), interleaved), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_large_positions_on_gpu(dtype, interleaved):
+    """A 70000-position table of position x inverse frequency (times 3, so that the fastest dims also
+    pass sincosf's fast-path limit of ~1e5 radians), through start_positions (bshd) and a 70000-token
+    packed sequence (thd): float32 to 1e-5, so cos/sin must be accurate at such angles (an unreduced
+    fast sincos is off by O(1) there). 16-bit at 2e-2: among ~18M outputs, a last-bit difference
+    between float cos/sin implementations can flip a 16-bit rounding (one 16-bit ulp of cos, times
+    |x|) where the output cancels; the CPU kernel's Sleef against torch's cos did once."""
+    torch.manual_seed(0)
+
+    def check(actual, expected, dtype):
+        tol = TOL[dtype] if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=tol, atol=tol)
+
+    rows, d, h = 70000, 128, 8
+    inv_freq = 3.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    f = torch.outer(torch.arange(rows, device="cuda").float(), inv_freq)
+    freqs = (torch.repeat_interleave(f, 2, -1) if interleaved else torch.cat((f, f), -1)).view(rows, 1, 1, d)
+    assert freqs.max() > 2e5
+    b, s = 4, 16
+    start = torch.tensor([0, 35000, 69000, rows - s], device="cuda")
+    t = torch.randn(b, s, h, d, device="cuda").to(dtype).requires_grad_()
+    out = fused_apply_rotary_pos_emb(t, freqs, tensor_format="bshd", interleaved=interleaved, start_positions=start)
+    angles = torch.stack([freqs[p:p + s, 0] for p in start.tolist()])  # [b, s, 1, d]
+    expected = reference(t, angles.cos(), angles.sin(), interleaved)
+    check(out, expected, dtype)
+    g = torch.randn_like(out)
+    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+    cu_seqlens = torch.tensor([0, rows, rows + 5], dtype=torch.int32, device="cuda")
+    x = torch.randn(rows + 5, 2, d, device="cuda").to(dtype)
+    out = fused_apply_rotary_pos_emb_thd(x, cu_seqlens, freqs, interleaved=interleaved)
+    expected = torch.cat((reference(x[:rows], freqs[:, 0].cos(), freqs[:, 0].sin(), interleaved),
+                          reference(x[rows:], freqs[:5, 0].cos(), freqs[:5, 0].sin(), interleaved)))
+    check(out, expected, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_thd_and_2d_vector_path_on_gpu(dtype):
+    """thd (tokens in no sequence copied, an empty sequence) and 2-D RoPE (two sections) with head dims
+    the CUDA kernel reads as 16-byte vectors."""
+    torch.manual_seed(0)
+    cu_seqlens = torch.tensor([0, 5, 5, 300, 1000], dtype=torch.int32, device="cuda")
+    h, d, d2 = 3, 128, 64
+    freqs = torch.randn(700, 1, 1, d2, device="cuda") * 10
+    for interleaved in (False, True):
+        t = torch.randn(1003, h, d, device="cuda").to(dtype).requires_grad_()
+        out = fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, interleaved=interleaved)
+        pieces = []
+        for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+            f = freqs[: end - start, 0]
+            pieces.append(reference(t[start:end], f.cos(), f.sin(), interleaved))
+        expected = torch.cat(pieces + [t[1000:]])
+        check(out, expected, dtype)
+        g = torch.randn_like(out)
+        check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+        assert torch.equal(out[1000:], t[1000:])
+    b, img_h, img_w, h, d = 2, 5, 7, 3, 128
+    t = torch.randn(b, img_h * img_w, h, d, device="cuda").to(dtype).requires_grad_()
+    emb_h, emb_w = torch.randn(1, img_h + 2, 1, d // 2, device="cuda"), torch.randn(1, img_w, 1, d // 2, device="cuda")
+    cos_h, sin_h, cos_w, sin_w = emb_h.cos(), emb_h.sin(), emb_w.cos().to(dtype), emb_w.sin().to(dtype)
+    out = fused_apply_rotary_pos_emb_2d(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w)
+    q = t.view(b, img_h, img_w, h, d)
+    rows = reference(q[..., : d // 2], cos_h[:, :img_h].unsqueeze(2), sin_h[:, :img_h].unsqueeze(2))
+    cols = reference(q[..., d // 2:], cos_w[:, :img_w].unsqueeze(1), sin_w[:, :img_w].unsqueeze(1))
+    expected = torch.cat((rows, cols), -1).view(b, img_h * img_w, h, d)
+    check(out, expected, dtype)
+    g = torch.randn_like(out)
+    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+
+
+# ---- the CUDA kernel's work split (csrc/fused_rope/rope_plan.h), checked on the CPU ------------------
+
+PLAN_CHECK = r"""
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+#include "rope_plan.h"
+using namespace apex::fused_rope;
+
+// Runs the CUDA kernel's loops (blocks, threads, tokens, units, heads) on the host for one shape and
+// counts the visits of every (token, head, dim); rotated dims must come as RoPE's pairs.
+static int check(long tokens, int heads, int dim, int width, int sections, bool interleaved, int vec, long capacity) {
+  const UnitMap m = unit_map(vec, dim, width, sections, interleaved);
+  LaunchPlan p = block_shape(tokens, m);
+  grid_shape(tokens, heads, capacity, p);
+  std::vector<int> seen(tokens * heads * dim, 0);
+  int bad = 0;
+  auto fail = [&](const char* what, long t, int h, int d) {
+    if (bad++ < 5) std::printf("FAIL %s: tokens %ld heads %d dim %d width %d sections %d interleaved %d vec %d"
+                               " capacity %ld at token %ld head %d dim %d\n", what, tokens, heads, dim, width,
+                               sections, interleaved, vec, capacity, t, h, d);
+  };
+  if (p.cols * p.rows > kMaxThreads || p.cols < 1 || p.rows < 1 || p.blocks < 1 || p.groups < 1 ||
+      p.groups > kMaxGroups || (long)p.blocks * p.groups > std::max(capacity, 1L)) fail("launch shape", 0, 0, 0);
+  for (int by = 0; by < p.groups; ++by)
+    for (unsigned bx = 0; bx < p.blocks; ++bx)
+      for (int ty = 0; ty < p.rows; ++ty)
+        for (int tx = 0; tx < p.cols; ++tx) {
+          const int h_begin = by * p.heads_per_group, h_end = std::min(heads, h_begin + p.heads_per_group);
+          for (long t = (long)bx * p.rows + ty; t < tokens; t += (long)p.blocks * p.rows)
+            for (int k = tx; k < m.units; k += p.cols) {
+              const Unit u = unit_at(m, k);
+              for (int h = h_begin; h < h_end; ++h) {
+                int* row = &seen[(t * heads + h) * dim];
+                for (int q = 0; q < vec; ++q) {
+                  if (!u.rotated) {
+                    const int e = u.ea + q;
+                    if (e < sections * width || e >= dim) fail("copied dim", t, h, e);
+                    else ++row[e];
+                    continue;
+                  }
+                  int da, db;
+                  pair_dims(m, u, q, da, db);
+                  const int base = u.section * width;
+                  const bool pair = interleaved ? ((da - base) % 2 == 0 && db == da + 1)
+                                                : (da - base < width / 2 && db == da + width / 2);
+                  if (da < base || db >= base + width || !pair) fail("pair", t, h, da);
+                  else ++row[da], ++row[db];
+                  // The unit's vectors: a = [ea, ea + vec), b = [eb, eb + vec) hold exactly its pairs' dims.
+                  const bool in_a = da >= u.ea && da < u.ea + vec, in_b = db >= u.eb && db < u.eb + vec;
+                  const bool in_ab = interleaved ? (da >= u.ea && db < u.ea + 2 * vec && u.eb == u.ea + vec)
+                                                 : (in_a && in_b && da - u.ea == q && db - u.eb == q);
+                  if (!in_ab) fail("vector layout", t, h, da);
+                }
+              }
+            }
+        }
+  for (long i = 0; i < (long)seen.size(); ++i)
+    if (seen[i] != 1)
+      fail(seen[i] ? "dim visited twice" : "dim never visited", i / dim / heads, i / dim % heads, i % dim);
+  return bad;
+}
+
+int main() {
+  int bad = 0, cases = 0;
+  const long capacities[] = {1, 264, 100000};
+  const int head_counts[] = {1, 3, 5, 8, 130};
+  const long token_counts[] = {1, 7, 300};
+  for (long capacity : capacities)
+    for (int heads : head_counts)
+      for (long tokens : token_counts)
+        for (int vec : {1, 4, 8})
+          for (bool interleaved : {false, true})
+            for (int sections : {1, 2}) {
+              if (sections == 2 && interleaved) continue;  // 2-D RoPE is half-split
+              for (int dim : {16, 64}) {
+                for (int width : {dim / sections, 16 / sections, 0}) {
+                  if (width % 2 || width / 2 % vec || (dim - sections * width) % vec) continue;
+                  if (width * sections > dim) continue;
+                  bad += check(tokens, heads, dim, width, sections, interleaved, vec, capacity);
+                  ++cases;
+                }
+              }
+            }
+  // Head dims past one block of units (a thread then takes several units of a token).
+  bad += check(3, 2, 4096, 4096, 1, false, 1, 264) + check(3, 2, 8192, 4096, 1, true, 8, 264);
+  std::printf("%d cases, %d failures\n", cases + 2, bad);
+  return bad != 0;
+}
+"""
+
+
+def test_cuda_work_split_visits_every_element_once(tmp_path):
+    """The CUDA kernel's launch planning and unit layout (rope_plan.h, host code shared with the kernel)
+    compiled with the host compiler: for head counts around its batch of heads in flight, partial and
+    2-D rotary dims, both pair layouts, vector widths 1/4/8 and grids from one block to more than fit,
+    every (token, head, dim) is visited exactly once, rotated dims as RoPE's pairs."""
+    import shutil
+    import subprocess
+
+    from torch.utils.cpp_extension import include_paths
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("needs a C++ compiler")
+    repo = Path(__file__).resolve().parents[4]
+    source, binary = tmp_path / "plan_check.cpp", tmp_path / "plan_check"
+    source.write_text(PLAN_CHECK)
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{repo / 'csrc' / 'fused_rope'}",
+                    *(f"-I{d}" for d in include_paths()), str(source), "-o", str(binary)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
