@@ -36,41 +36,169 @@ C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> input_grad(const AlignedVect
   return out;
 }
 
-// `group` lanes per row, kPacks vectors of grad_y and of y in each lane's registers (raw, 16-bit
-// data stays packed).
+// ---- warp and row kernels ----------------------------------------------------------------------
+
+// sum of grad_y * y over the kept elements.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE float kept_dot(const Packed<T, kVec>& g, const Packed<T, kVec>& y, uint32_t keep,
+                                            float sum) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) sum += (keep >> k & 1u) ? g[k] * y[k] : 0.0f;
+  return sum;
+}
+
+// grad_x = scale * y * (grad_y - row_dot) where kept, 0 elsewhere.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> kept_grad(const Packed<T, kVec>& g, const Packed<T, kVec>& y,
+                                                               uint32_t keep, float scale, float row_dot) {
+  AlignedVector<T, kVec> out;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) out.value[k] = static_cast<T>((keep >> k & 1u) ? scale * y[k] * (g[k] - row_dot) : 0.0f);
+  return out;
+}
+
+// `group` lanes per row; each lane takes kRows consecutive rows at once, kPacks vectors of grad_y and
+// of y of each (as loaded: 16-bit data stays packed), all loaded before any is used.
 template <class T, int kVec, int kPacks>
-__global__ void __launch_bounds__(kWarpKernelThreads) warp_backward(BackwardArgs a, int group) {
+__global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_backward(BackwardArgs a, int group) {
+  constexpr int kRows = rows_per_lane(kWarpBackwardVectors, kPacks);
+  if (kPacks > 1) group = C10_WARP_SIZE;  // known here: the shuffles unroll, the columns are immediates
   const T* grad_y = static_cast<const T*>(a.grad_y);
   const T* y = static_cast<const T*>(a.y);
   T* grad_x = static_cast<T*>(a.grad_x);
-  const WarpRows rows(group);
-  const int member = rows.member;
-  for (int64_t first = rows.first; first < a.rows; first += rows.step) {
-    const int64_t r = first + rows.row_in_warp;
-    const bool live = r < a.rows;
-    const int64_t offset = r * a.cols, kept = live ? kept_columns(a, r) : 0;
-    AlignedVector<T, kVec> g[kPacks], p[kPacks];
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      const int64_t col = (static_cast<int64_t>(i) * group + member) * kVec;
-      if (col < kept) {
-        g[i] = load_vector<kVec>(grad_y, offset + col);
-        p[i] = load_vector<kVec>(y, offset + col);
-        sum += dot<T, kVec>(g[i], p[i], col, kept);
-      }
+  const WarpRows lanes(group);
+  const int member = lanes.member;
+  const int64_t sets = (a.rows + kRows - 1) / kRows;
+  for (int64_t first = lanes.first; first < sets; first += lanes.step) {
+    const int64_t set = first + lanes.slot;
+    const int64_t t0 = (set < sets ? set : first) * kRows;
+    int64_t q = 0;  // the query index of row t0 + j (causal rows)
+    if (a.causal) {
+      int64_t rest;
+      div_mod(t0, a.queries, rest, q);
     }
-    const float row_dot = cuda::group_reduce(sum, group, Sum{});
-    if (!live) continue;
+    Packed<T, kVec> g[kRows][kPacks], p[kRows][kPacks];
+    uint32_t keep[kRows][kPacks];  // inside the causal bound
 #pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      const int64_t col = (static_cast<int64_t>(i) * group + member) * kVec;
-      if (col < a.cols) {
-        store_vector<kVec>(grad_x, offset + col,
-                           col < kept ? input_grad<T, kVec>(g[i], p[i], col, kept, a.scale, row_dot) : zeros<T, kVec>());
+    for (int j = 0; j < kRows; ++j) {
+      const bool live = set < sets && t0 + j < a.rows;
+      const int kept = !live ? 0 : a.causal ? static_cast<int>(std::min<int64_t>(q + 1, a.cols)) : static_cast<int>(a.cols);
+      const int64_t offset = (t0 + j) * a.cols;
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        const int col = (i * group + member) * kVec;
+        keep[j][i] = range_bits<kVec>(kept - col);
+        g[j][i] = Packed<T, kVec>::zero();
+        p[j][i] = Packed<T, kVec>::zero();
+        if (col < kept) {
+          g[j][i] = Packed<T, kVec>::load(grad_y, offset + col);
+          p[j][i] = Packed<T, kVec>::load(y, offset + col);
+        }
+      }
+      if (a.causal) q = q + 1 == a.queries ? 0 : q + 1;
+    }
+    float row_dot[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) sum = kept_dot<T, kVec>(g[j][i], p[j][i], keep[j][i], sum);
+      row_dot[j] = sum;
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      row_dot[j] = cuda::group_reduce(row_dot[j], group, Sum{});
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) launder(g[j][i]), launder(p[j][i]);
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (set >= sets || t0 + j >= a.rows) continue;
+      const int64_t offset = (t0 + j) * a.cols;
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        const int col = (i * group + member) * kVec;
+        if (col < a.cols) {
+          store_vector<kVec>(grad_x, offset + col,
+                             kept_grad<T, kVec>(g[j][i], p[j][i], keep[j][i], a.scale, row_dot[j]));
+        }
       }
     }
   }
+}
+
+// One block, or a cluster of plan.cluster blocks (one chunk each), per row, the row's grad_y and y
+// in registers (kRowBackwardVectors vectors of each per thread); see softmax_cuda.cuh. A block loads
+// its next row before it reduces the current one.
+template <class T, int kVec>
+__global__ void __launch_bounds__(kMaxRowThreads, 1) row_backward(BackwardArgs a, Plan plan) {
+  constexpr int kVectors = kRowBackwardVectors;
+  __shared__ float scratch[2][kMaxRowWarps];
+  __shared__ ClusterExchange<float> cluster_sums;
+  const T* grad_y = static_cast<const T*>(a.grad_y);
+  const T* y = static_cast<const T*>(a.y);
+  T* grad_x = static_cast<T*>(a.grad_x);
+  const int cluster = plan.cluster;
+  const int begin = cluster_rank() * static_cast<int>(plan.chunk);
+  const int end = static_cast<int>(std::min<int64_t>(begin + plan.chunk, a.cols));
+  int col[kVectors];
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) col[k] = begin + static_cast<int>(threadIdx.x + k * blockDim.x) * kVec;
+  const BlockRows rows(a.rows, cluster, a.causal);
+  if (cluster > 1) exchange_init(cluster_sums);
+
+  // The next row's loads, issued a row ahead (vectors past its limit keep stale values, which its
+  // keep bits leave out).
+  Packed<T, kVec> next_g[kVectors], next_y[kVectors];
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) next_g[k] = Packed<T, kVec>::zero(), next_y[k] = Packed<T, kVec>::zero();
+  int64_t next_offset = 0;
+  int next_limit = 0;
+  const auto issue = [&](int64_t t) {
+    next_offset = t * a.cols;
+    int64_t kept = a.cols;
+    if (a.causal) {
+      int64_t rest, q;
+      div_mod(t, a.queries, rest, q);
+      kept = std::min<int64_t>(q + 1, a.cols);
+    }
+    next_limit = static_cast<int>(std::min<int64_t>(end, kept));
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      if (col[k] < next_limit) {
+        next_g[k] = Packed<T, kVec>::load(grad_y, next_offset + col[k]);
+        next_y[k] = Packed<T, kVec>::load(y, next_offset + col[k]);
+      }
+    }
+  };
+
+  int64_t t = rows.first;
+  if (t < rows.end) issue(t);
+  for (uint32_t n = 0; t < rows.end; t += rows.step, ++n) {
+    Packed<T, kVec> g[kVectors], p[kVectors];
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) g[k] = next_g[k], p[k] = next_y[k];
+    const int64_t offset = next_offset;
+    const int limit = next_limit;
+    if (t + rows.step < rows.end) issue(t + rows.step);
+    uint32_t keep[kVectors];
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      keep[k] = range_bits<kVec>(limit - col[k]);
+      sum = kept_dot<T, kVec>(g[k], p[k], keep[k], sum);
+    }
+    float row_dot = block_all_reduce_once(sum, Sum{}, 0.0f, scratch, static_cast<int>(n & 1u));
+    if (cluster > 1) row_dot = exchange(cluster_sums, row_dot, Sum{}, 0.0f, cluster, n);
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      launder(g[k]), launder(p[k]);
+      if (col[k] < end) {
+        store_vector<kVec>(grad_x, offset + col[k], kept_grad<T, kVec>(g[k], p[k], keep[k], a.scale, row_dot));
+      }
+    }
+  }
+  if (cluster > 1) exchange_finish();
 }
 
 // One block (or a cluster of plan.cluster blocks, one chunk each) per row; see softmax_cuda.cuh.
@@ -139,11 +267,15 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm) block_backw
 
 template <class T, int kVec>
 void run(const BackwardArgs& args, const Cuda& device) {
-  static_assert(kMaxBackwardPacks == 4, "one warp kernel instance per power of two up to kMaxBackwardPacks");
+  static_assert(kWarpBackwardVectors == 4, "one warp kernel instance per power of two up to kWarpBackwardVectors");
   void (*const warp_kernels[])(BackwardArgs, int) = {warp_backward<T, kVec, 1>, warp_backward<T, kVec, 2>,
                                                       warp_backward<T, kVec, 4>};
-  // Staged: the chunk of grad_y and of y.
-  run_rows(args, device, kVec, 2.0 * sizeof(T), block_backward<T, kVec>, warp_kernels, "fused_softmax backward");
+  // The row kernel takes vector data only; scalar rows past the warp kernel take the block kernel.
+  void (*row_kernel)(BackwardArgs, Plan) = nullptr;
+  if constexpr (kVec > 1) row_kernel = row_backward<T, kVec>;
+  // Staged (block kernel): the chunk of grad_y and of y.
+  run_rows(args, device, kVec, kRowBackwardVectors, 2.0 * sizeof(T), row_kernel, block_backward<T, kVec>, warp_kernels,
+           "fused_softmax backward");
 }
 
 }  // namespace

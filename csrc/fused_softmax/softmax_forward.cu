@@ -66,53 +66,287 @@ C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> probabilities(const AlignedV
   return y;
 }
 
-// `group` lanes per row, kPacks vectors of the row in each lane's registers.
+// ---- warp and row kernels ----------------------------------------------------------------------
+
+// A row by its (batch, head, query) indices; row_at and next_row walk the kernels' visiting order.
+struct RowIndex {
+  int64_t b, h, q;
+};
+
+// Whether the warp and row kernels visit rows head-fastest: the mask has one row per (b, q) shared
+// by the heads, which consecutive rows then reuse (else storage order, (b, h, q)).
+C10_DEVICE C10_ALWAYS_INLINE bool heads_share_mask(const ForwardArgs& a) {
+  return a.mask != nullptr && a.mask_head_stride == 0 && a.heads > 1;
+}
+
+// The row visited t-th.
+C10_DEVICE C10_ALWAYS_INLINE RowIndex row_at(const ForwardArgs& a, int64_t t, bool head_fastest) {
+  RowIndex r;
+  int64_t rest;
+  if (head_fastest) {
+    div_mod(t, a.heads, rest, r.h);
+    div_mod(rest, a.queries, r.b, r.q);
+  } else {
+    div_mod(t, a.queries, rest, r.q);
+    div_mod(rest, a.heads, r.b, r.h);
+  }
+  return r;
+}
+
+// The row visited after r (no division).
+C10_DEVICE C10_ALWAYS_INLINE void next_row(const ForwardArgs& a, RowIndex& r, bool head_fastest) {
+  if (head_fastest) {
+    if (++r.h == a.heads) {
+      r.h = 0;
+      if (++r.q == a.queries) r.q = 0, ++r.b;
+    }
+  } else if (++r.q == a.queries) {
+    r.q = 0;
+    if (++r.h == a.heads) r.h = 0, ++r.b;
+  }
+}
+
+C10_DEVICE C10_ALWAYS_INLINE int64_t row_offset(const ForwardArgs& a, const RowIndex& r) {
+  return ((r.b * a.heads + r.h) * a.queries + r.q) * a.cols;
+}
+
+// Columns past this are masked by the causal bound.
+C10_DEVICE C10_ALWAYS_INLINE int64_t row_kept(const ForwardArgs& a, const RowIndex& r) {
+  return a.causal ? std::min<int64_t>(r.q + 1, a.cols) : a.cols;
+}
+
+C10_DEVICE C10_ALWAYS_INLINE const uint8_t* mask_row(const ForwardArgs& a, const RowIndex& r) {
+  return a.mask + r.b * a.mask_batch_stride + r.h * a.mask_head_stride + r.q * a.mask_query_stride;
+}
+
+// The kept elements' largest scaled value (exp2 domain); -inf if none.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE float kept_max(const Packed<T, kVec>& x, uint32_t keep, float scale, float most) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    if (keep >> k & 1u) most = fmaxf(most, x[k] * scale);
+  }
+  return most;
+}
+
+// sum of exp2(x * scale - base) over the kept elements.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE float kept_sum(const Packed<T, kVec>& x, uint32_t keep, float scale, float base,
+                                            float sum) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const float e = fast_exp2(fmaf(x[k], scale, -base));
+    sum += (keep >> k & 1u) ? e : 0.0f;
+  }
+  return sum;
+}
+
+// y = exp2(x * scale - base) * inv where kept, 0 elsewhere.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> kept_probabilities(const Packed<T, kVec>& x, uint32_t keep,
+                                                                        float scale, float base, float inv) {
+  AlignedVector<T, kVec> y;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const float e = fast_exp2(fmaf(x[k], scale, -base)) * inv;
+    y.value[k] = static_cast<T>((keep >> k & 1u) ? e : 0.0f);
+  }
+  return y;
+}
+
+// `group` lanes per row; each lane takes kRows consecutive rows (of the visiting order) at once,
+// kPacks vectors of each, all loaded before any is used. With a mask shared by the heads the
+// kRows rows are heads of one (b, q) (or of two, where np is not a multiple of kRows): a row whose
+// mask row is the previous row's reuses its bits instead of loading them again.
 template <class T, int kVec, int kPacks>
 __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_forward(ForwardArgs a, int group) {
+  constexpr int kRows = rows_per_lane(kWarpForwardVectors, kPacks);
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   const float scale = a.scale * kLog2e;
-  const WarpRows rows(group);
-  const int member = rows.member;
-  for (int64_t first = rows.first; first < a.rows; first += rows.step) {
-    const int64_t i = first + rows.row_in_warp;
-    const bool live = i < a.rows;
-    const RowRef row = locate(a, live ? i : first);
-    float v[kPacks][kVec];
+  if (kPacks > 1) group = C10_WARP_SIZE;  // known here: the shuffles unroll, the columns are immediates
+  const bool head_fastest = heads_share_mask(a);
+  const WarpRows lanes(group);
+  const int member = lanes.member;
+  const int64_t sets = (a.rows + kRows - 1) / kRows;
+  for (int64_t first = lanes.first; first < sets; first += lanes.step) {
+    const int64_t set = first + lanes.slot;
+    const int64_t t0 = (set < sets ? set : first) * kRows;
+    const RowIndex r0 = row_at(a, t0, head_fastest);
+    RowIndex r = r0;
+    Packed<T, kVec> in[kRows][kPacks];
+    MaskBytes<kVec> masked[kRows][kPacks];
+    uint32_t keep[kRows][kPacks];  // which elements take part: inside the causal bound, then not masked
+    bool reuse[kRows];
+    const uint8_t* previous = nullptr;
+    // Every load of the kRows rows first.
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const bool live = set < sets && t0 + j < a.rows;
+      const int64_t offset = row_offset(a, r);
+      const int kept = live ? static_cast<int>(row_kept(a, r)) : 0;
+      const uint8_t* mask = a.mask != nullptr ? mask_row(a, r) : nullptr;
+      reuse[j] = j > 0 && mask == previous;
+      previous = mask;
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) {
+        const int col = (p * group + member) * kVec;
+        keep[j][p] = range_bits<kVec>(kept - col);
+        in[j][p] = Packed<T, kVec>::zero();
+        masked[j][p] = MaskBytes<kVec>::zero();
+        if (col < kept) in[j][p] = Packed<T, kVec>::load(x, offset + col);
+        // Up to cols, not kept: a row reusing these bits may keep more columns.
+        if (mask != nullptr && live && !reuse[j] && col < a.cols) masked[j][p] = MaskBytes<kVec>::load(mask, col);
+      }
+      if (j + 1 < kRows) next_row(a, r, head_fastest);
+    }
+    uint32_t bits[kPacks] = {};
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) {
+        bits[p] = reuse[j] ? bits[p] : masked[j][p].bits();
+        keep[j][p] &= ~bits[p];
+      }
+    }
+    float base[kRows], inv[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      float most = kNegInf;
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) most = kept_max<T, kVec>(in[j][p], keep[j][p], scale, most);
+      base[j] = most;
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      base[j] = exp_base(cuda::group_reduce(base[j], group, Max{}));
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) launder(in[j][p]);
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) sum = kept_sum<T, kVec>(in[j][p], keep[j][p], scale, base[j], sum);
+      inv[j] = sum;
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      inv[j] = inverse_sum(cuda::group_reduce(inv[j], group, Sum{}));
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) launder(in[j][p]);
+    }
+    r = r0;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (set < sets && t0 + j < a.rows) {
+        const int64_t offset = row_offset(a, r);
+#pragma unroll
+        for (int p = 0; p < kPacks; ++p) {
+          const int col = (p * group + member) * kVec;
+          if (col < a.cols) {
+            store_vector<kVec>(y, offset + col,
+                               kept_probabilities<T, kVec>(in[j][p], keep[j][p], scale, base[j], inv[j]));
+          }
+        }
+      }
+      if (j + 1 < kRows) next_row(a, r, head_fastest);
+    }
+  }
+}
+
+// One block, or a cluster of plan.cluster blocks (one chunk each), per row, the row in registers
+// (kRowForwardVectors vectors per thread); see softmax_cuda.cuh. A block loads its next row before
+// it reduces the current one, and loads a mask row only when it differs from the current row's
+// (heads of one (b, q) run back to back): the thread keeps the mask as bits in one register.
+template <class T, int kVec>
+__global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, Plan plan) {
+  constexpr int kVectors = kRowForwardVectors;
+  static_assert(kVectors * kVec <= 32, "a thread's mask bits fit one 32-bit word");
+  __shared__ Stats scratch[2][kMaxRowWarps];
+  __shared__ ClusterExchange<Stats> cluster_stats;
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.y);
+  const float scale = a.scale * kLog2e;
+  const bool head_fastest = heads_share_mask(a);
+  const int cluster = plan.cluster;
+  const int begin = cluster_rank() * static_cast<int>(plan.chunk);
+  const int end = static_cast<int>(std::min<int64_t>(begin + plan.chunk, a.cols));
+  // The column of this thread's k-th vector (computed where used: an array of them took registers).
+  const int col0 = begin + static_cast<int>(threadIdx.x) * kVec, stride = static_cast<int>(blockDim.x) * kVec;
+  const auto column = [&](int k) { return col0 + k * stride; };
+  const BlockRows rows(a.rows, cluster, a.causal);
+  if (cluster > 1) exchange_init(cluster_stats);
+
+  // The next row's loads, issued a row ahead. Vectors a row does not load keep stale values, which
+  // its keep bits (0 past min(end, kept)) leave out.
+  Packed<T, kVec> next[kVectors];
+  MaskBytes<kVec> next_mask[kVectors];
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) next[k] = Packed<T, kVec>::zero(), next_mask[k] = MaskBytes<kVec>::zero();
+  int64_t next_offset = 0;
+  int next_limit = 0;
+  const uint8_t* next_mask_row = nullptr;
+  const uint8_t* mask_row_now = nullptr;  // the mask row `bits` holds
+  uint32_t bits = 0;                      // bit k * kVec + e: element e of vector k is masked
+  const auto issue = [&](int64_t t) {
+    const RowIndex r = row_at(a, t, head_fastest);
+    next_offset = row_offset(a, r);
+    next_limit = static_cast<int>(std::min<int64_t>(end, row_kept(a, r)));
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      if (column(k) < next_limit) next[k] = Packed<T, kVec>::load(x, next_offset + column(k));
+    }
+    next_mask_row = a.mask != nullptr ? mask_row(a, r) : nullptr;
+    if (next_mask_row != mask_row_now) {
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+        if (column(k) < end) next_mask[k] = MaskBytes<kVec>::load(next_mask_row, column(k));
+      }
+    }
+  };
+
+  int64_t t = rows.first;
+  if (t < rows.end) issue(t);
+  for (uint32_t n = 0; t < rows.end; t += rows.step, ++n) {
+    Packed<T, kVec> in[kVectors];
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) in[k] = next[k];
+    const int64_t offset = next_offset;
+    const int limit = next_limit;
+    if (next_mask_row != mask_row_now) {
+      bits = 0;
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) bits |= next_mask[k].bits() << (k * kVec);
+      mask_row_now = next_mask_row;
+    }
+    if (t + rows.step < rows.end) issue(t + rows.step);
+    uint32_t keep[kVectors];
     float most = kNegInf;
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
-      const int64_t col = (static_cast<int64_t>(p) * group + member) * kVec;
-      if (live && col < row.kept) {
-        most = fmaxf(most, scaled<T, kVec>(load_vector<kVec>(x, row.offset + col), kept_bits<kVec>(row, col), scale, v[p]));
-      } else {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) v[p][k] = kNegInf;
-      }
+    for (int k = 0; k < kVectors; ++k) {
+      keep[k] = range_bits<kVec>(limit - column(k)) & ~(bits >> (k * kVec));
+      most = kept_max<T, kVec>(in[k], keep[k], scale, most);
     }
-    most = cuda::group_reduce(most, group, Max{});
     float sum = 0.0f;
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        v[p][k] = v[p][k] == kNegInf ? 0.0f : exp2f(v[p][k] - most);
-        sum += v[p][k];
-      }
+    for (int k = 0; k < kVectors; ++k) {
+      launder(in[k]);
+      sum = kept_sum<T, kVec>(in[k], keep[k], scale, exp_base(most), sum);
     }
-    const float inv = inverse_sum(cuda::group_reduce(sum, group, Sum{}));
-    if (!live) continue;
+    Stats stats =
+        block_all_reduce_once(Stats{most, sum}, MergeStats{}, Stats::empty(), scratch, static_cast<int>(n & 1u));
+    if (cluster > 1) stats = exchange(cluster_stats, stats, MergeStats{}, Stats::empty(), cluster, n);
+    const float base = exp_base(stats.max), inv = inverse_sum(stats.sum);
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
-      const int64_t col = (static_cast<int64_t>(p) * group + member) * kVec;
-      if (col < a.cols) {
-        AlignedVector<T, kVec> out;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) out.value[k] = static_cast<T>(v[p][k] * inv);
-        store_vector<kVec>(y, row.offset + col, out);
+    for (int k = 0; k < kVectors; ++k) {
+      launder(in[k]);
+      if (column(k) < end) {
+        store_vector<kVec>(y, offset + column(k), kept_probabilities<T, kVec>(in[k], keep[k], scale, base, inv));
       }
     }
   }
+  if (cluster > 1) exchange_finish();
 }
 
 // One block (or a cluster of plan.cluster blocks, one chunk each) per row; see softmax_cuda.cuh.
@@ -179,11 +413,15 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm) block_forwa
 
 template <class T, int kVec>
 void run(const ForwardArgs& args, const Cuda& device) {
-  static_assert(kMaxForwardPacks == 8, "one warp kernel instance per power of two up to kMaxForwardPacks");
+  static_assert(kWarpForwardVectors == 8, "one warp kernel instance per power of two up to kWarpForwardVectors");
   void (*const warp_kernels[])(ForwardArgs, int) = {warp_forward<T, kVec, 1>, warp_forward<T, kVec, 2>,
                                                      warp_forward<T, kVec, 4>, warp_forward<T, kVec, 8>};
-  // Staged: the chunk's elements and one byte of keep bits per vector.
-  run_rows(args, device, kVec, sizeof(T) + 1.0 / kVec, block_forward<T, kVec>, warp_kernels, "fused_softmax forward");
+  // The row kernel takes vector data only; scalar rows past the warp kernel take the block kernel.
+  void (*row_kernel)(ForwardArgs, Plan) = nullptr;
+  if constexpr (kVec > 1) row_kernel = row_forward<T, kVec>;
+  // Staged (block kernel): the chunk's elements and one byte of keep bits per vector.
+  run_rows(args, device, kVec, kRowForwardVectors, sizeof(T) + 1.0 / kVec, row_kernel, block_forward<T, kVec>,
+           warp_kernels, "fused_softmax forward");
 }
 
 }  // namespace

@@ -55,11 +55,12 @@ def check(actual, expected, tol):
     torch.testing.assert_close(actual.double(), expected, rtol=tol, atol=atol)
 
 
-# Columns that reach each CUDA path: warp kernel (1 to 4 vectors per lane, sub-warp groups), the
-# block kernel staged in one block, in clusters (bf16 16K+ forward, 8K+ backward), and odd widths
-# (the scalar path). The CPU runs the small ones.
+# Columns that reach each CUDA path: the warp kernel (1 to 8 vectors per row per lane, sub-warp
+# groups, several rows per lane), the row kernel in one block (bf16: forward past 2048, backward
+# past 1024 columns) and in clusters (bf16 forward past 32768, backward past 16384), and odd widths
+# (the scalar path: warp kernel, then the block kernel). The CPU runs the small ones.
 CPU_COLS = [1, 7, 24, 33, 214, 1000, 2049]
-GPU_COLS = CPU_COLS + [256, 1024, 1032, 2048, 4096, 8200, 16384, 20000, 32768, 65536]
+GPU_COLS = CPU_COLS + [256, 1024, 1032, 2048, 3001, 4096, 8200, 16384, 20000, 32768, 40001, 65536]
 
 
 def cols_for(device):
@@ -112,7 +113,7 @@ def test_causal_softmax(device, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fully_masked_rows_are_zeros(device, dtype):
-    for sk in cols_for(device)[1::3]:
+    for sk in cols_for(device)[1::3] + ([4096, 32776] if device == "cuda" else []):
         x = torch.randn(2, 2, 4, sk, device=device).to(dtype)
         mask = torch.rand(2, 1, 4, sk, device=device) < 0.5
         mask[0, :, 1] = True  # a fully masked row
@@ -123,6 +124,115 @@ def test_fully_masked_rows_are_zeros(device, dtype):
         # -inf scores (an additive mask folded in) count as masked too.
         z = ops().scaled_softmax_forward(torch.full_like(x, float("-inf")), 1.0)
         assert (z == 0).all()
+
+
+# The CUDA kernels' size boundaries, per dtype: (forward, backward) columns at which the kernel changes
+# (softmax_cuda.cuh: the warp kernel holds 8 / 4 16-byte vectors per lane, the row kernel 4 / 2 per
+# thread of up to 1024 threads, clusters of up to 8 blocks; past them the block kernel). Each list
+# has both sides of every boundary; all are multiples of 8 (the vector path).
+def kernel_boundaries(dtype, backward):
+    per_vector = 128 // torch.finfo(dtype).bits  # elements per 16-byte vector
+    warp = (4 if backward else 8) * 32 * per_vector
+    block = (2 if backward else 4) * 1024 * per_vector
+    edges = [warp, block, 2 * block, 8 * block]
+    return sorted({c + d for c in edges for d in (0, 8)})
+
+
+def padding_mask(b, sq, sk, device, fully_masked=True):
+    """[b, 1, sq, sk], ~30% masked, with fully masked and fully kept rows."""
+    mask = torch.rand(b, 1, sq, sk, device=device) < 0.3
+    if fully_masked:
+        mask[0, :, 0] = True
+        mask[-1, :, -1] = True
+        mask[0, :, -1] = False
+    return mask
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [1, 3, 5, 16])
+def test_mask_shared_by_heads(device, dtype, heads):
+    """[b, 1, sq, sk] masks: the kernels visit the heads of one (b, q) back to back and reuse its
+    mask row (a warp-kernel lane takes up to 4 rows at once, which straddle two (b, q) when np is not
+    a multiple of 4; a row-kernel block reloads the mask where its (b, q) changes). Odd sq."""
+    widths = [24, 200, 512, 1000] + ([2048, 2056, 4096, 16392] if device == "cuda" else [])
+    for sk in widths:
+        b, sq = 2, 7
+        x = torch.randn(b, heads, sq, sk, device=device).to(dtype) * 3
+        mask = padding_mask(b, sq, sk, device)
+        y = ops().scaled_masked_softmax_forward(x, mask, 0.9)
+        check(y, reference(x, 0.9, mask.expand_as(x)), TOL[dtype])
+        assert (y[0, :, 0] == 0).all() and (y[-1, :, -1] == 0).all()
+        g = torch.randn_like(x)
+        check(ops().scaled_masked_softmax_backward(g, y, 0.9), reference_grad(g, y, 0.9), GRAD_TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_boundaries_many_rows_per_block(dtype):
+    """Both sides of every forward and backward kernel boundary (warp kernel / row kernel / cluster
+    of 2 / cluster of 8 / block kernel), with more rows than the grid has blocks, so that each block
+    (cluster) takes several rows: the row kernel's next-row loads, its alternating reduction slots
+    and cluster barriers, and the mask reloaded where (b, q) changes. Checked on sample rows."""
+    element_budget = 12_000_000
+    for backward in (False, True):
+        for sk in kernel_boundaries(dtype, backward):
+            heads = 3
+            rows = max(4, element_budget // sk)
+            sq = max(1, rows // (2 * heads)) | 1  # odd
+            x = torch.randn(2, heads, sq, sk, device="cuda").to(dtype) * 3
+            mask = padding_mask(2, sq, sk, "cuda")
+            picks = [(0, 0, 0), (0, 1, 0), (0, 2, sq - 1), (1, 0, sq // 2), (1, 2, sq - 1), (1, 1, 0)]
+            if not backward:
+                y = ops().scaled_masked_softmax_forward(x, mask, 0.7)
+                for b, h, q in picks:
+                    check(y[b, h, q], reference(x[b, h, q], 0.7, mask[b, 0, q]), TOL[dtype])
+                z = ops().scaled_softmax_forward(x, 0.7)
+                for b, h, q in picks:
+                    check(z[b, h, q], reference(x[b, h, q], 0.7), TOL[dtype])
+            else:
+                y = torch.softmax(x.float() * 0.7, -1).to(dtype)
+                g = torch.randn_like(x)
+                dx = ops().scaled_masked_softmax_backward(g, y, 0.7)
+                for b, h, q in picks:
+                    check(dx[b, h, q], reference_grad(g[b, h, q], y[b, h, q], 0.7), GRAD_TOL[dtype])
+            del x, mask
+            torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_row_kernel_many_rows_per_block(dtype):
+    """Causal rows long enough for the row kernel (strided over the blocks, each block taking many
+    rows of growing length; a cluster where the row exceeds one block)."""
+    per_vector = 128 // torch.finfo(dtype).bits  # elements per 16-byte vector
+    for sq in (8 * 32 * per_vector + per_vector, 2 * 1024 * per_vector + per_vector):
+        x = torch.randn(2, sq, sq, device="cuda").to(dtype)
+        y = ops().scaled_upper_triang_masked_softmax_forward(x, 0.4)
+        g = torch.randn_like(x)
+        dx = ops().scaled_upper_triang_masked_softmax_backward(g, y, 0.4)
+        for b, q in [(0, 0), (0, 1), (0, sq // 3), (1, sq - 2), (1, sq - 1)]:
+            expected = torch.zeros(sq, dtype=torch.float64, device="cuda")
+            expected[: q + 1] = torch.softmax(x[b, q, : q + 1].double() * 0.4, -1)
+            check(y[b, q], expected, TOL[dtype])
+            check(dx[b, q], reference_grad(g[b, q], y[b, q], 0.4), GRAD_TOL[dtype])
+        del x, g, y, dx
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_uint8_mask_any_nonzero_byte_masks(device):
+    """A uint8 mask masks wherever a byte is nonzero, whatever its bits (the kernels turn 4 bytes at a
+    time into bits)."""
+    widths = [8, 64, 520] + ([4096, 32776] if device == "cuda" else [])
+    values = torch.tensor([0, 1, 2, 0x7F, 0x80, 0x81, 0xFE, 0xFF], dtype=torch.uint8, device=device)
+    for sk in widths:
+        x = torch.randn(2, 3, 5, sk, device=device, dtype=torch.bfloat16)
+        pick = torch.randint(0, len(values), (2, 1, 5, sk), device=device)
+        pick[torch.rand(2, 1, 5, sk, device=device) < 0.5] = 0
+        mask = values[pick]
+        y = ops().scaled_masked_softmax_forward(x, mask, 1.1)
+        check(y, reference(x, 1.1, (mask != 0).expand_as(x)), TOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -336,7 +446,8 @@ def test_rows_beyond_shared_memory(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_causal_long_rows(dtype):
-    """Causal rows of 16384 columns (float32 backward: a 2-block cluster per row), checked on sample rows."""
+    """Causal rows of 16384 columns (the row kernel; float32 backward: a 2-block cluster per row),
+    checked on sample rows."""
     sq = 16384
     x = torch.randn(1, sq, sq, device="cuda").to(dtype)
     g = torch.randn_like(x)
