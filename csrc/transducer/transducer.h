@@ -9,7 +9,8 @@
 //
 // Joint:  h[row(b,t,u)] = f[b, t] + g[b, u] (then ReLU, dropout); don't-care rows get -1 (finite, so
 //         that nothing downstream turns them into NaN). Backward: f_grad[b, t] = sum over u of
-//         h_grad * mask, g_grad[b, u] = sum over t.
+//         h_grad * mask, g_grad[b, u] = sum over t; a ReLU mask that was not stored is recomputed
+//         from f and g (the forward's float test on the same sum, so the same mask bit for bit).
 // Loss:   x are logits [rows, V]; with p = softmax(x) (log-probabilities rounded to x's dtype, as
 //         NVIDIA apex's log_softmax in that dtype gives them), alpha/beta are the forward/backward
 //         log-probabilities of the lattice (u_len = label length + 1) and loss[b] = -beta(b, 0, 0).
@@ -39,7 +40,7 @@ struct JointArgs {
   const bool* keep;         // [rows, H] dropout keep-mask, or null (no dropout)
   float scale;              // dropout's 1 / (1 - p)
   void* h;                  // [rows, H]
-  uint8_t* mask;            // [rows, H]: 1 where h passed ReLU and dropout; null when neither applies
+  uint8_t* mask;            // [rows, H]: 1 where h passed ReLU and dropout; null when not wanted
 };
 
 struct JointBackwardArgs {
@@ -52,6 +53,10 @@ struct JointBackwardArgs {
   void* f_grad;             // [B, T, H]
   void* g_grad;             // [B, U, H]
   float* workspace;         // joint_backward_workspace(...) floats, or null when that is 0
+  // ReLU without a stored mask: h_grad passes where !(f[b, t] + g[b, u] <= 0), the forward's test on
+  // the same float sum. Both null otherwise; unused when mask is given.
+  const void* f = nullptr;  // [B, T, H]
+  const void* g = nullptr;  // [B, U, H]
 };
 
 void joint_forward(const Cpu&, const JointArgs&);             // transducer_cpu.cpp

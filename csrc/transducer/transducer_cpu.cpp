@@ -53,6 +53,9 @@ template <class T>
 void joint_backward_rows(const JointBackwardArgs& a, bool over_t) {
   const Lattice& l = a.lattice;
   const T* h_grad = static_cast<const T*>(a.h_grad);
+  const T* f = static_cast<const T*>(a.f);
+  const T* g = static_cast<const T*>(a.g);
+  const bool relu = a.mask == nullptr && f != nullptr;  // the forward's ReLU test, recomputed
   T* out = static_cast<T*>(over_t ? a.g_grad : a.f_grad);
   const int64_t outer = over_t ? l.max_u : l.max_t;
   at::parallel_for(0, l.batch * outer, grain(a.width), [&](int64_t begin, int64_t end) {
@@ -63,7 +66,18 @@ void joint_backward_rows(const JointBackwardArgs& a, bool over_t) {
       const int64_t count = inside ? (over_t ? l.t_len[b] : l.u_len[b]) : 0;
       std::fill(sum.begin(), sum.end(), 0.0f);
       for (int64_t i = 0; i < count; ++i) {
-        const int64_t at = row_of(l, b, over_t ? i : fixed, over_t ? fixed : i) * a.width;
+        const int64_t t = over_t ? i : fixed, u = over_t ? fixed : i;
+        const int64_t at = row_of(l, b, t, u) * a.width;
+        if (relu) {
+          if (u >= l.max_u) continue;  // bad packed lengths: nothing to recompute from
+          const T* fr = f + (b * l.max_t + t) * a.width;
+          const T* gr = g + (b * l.max_u + u) * a.width;
+          for (int64_t k = 0; k < a.width; ++k) {
+            const bool pass = !(static_cast<float>(fr[k]) + static_cast<float>(gr[k]) <= 0.0f);
+            if (pass) sum[k] += static_cast<float>(h_grad[at + k]);
+          }
+          continue;
+        }
         for (int64_t k = 0; k < a.width; ++k) {
           if (a.mask == nullptr || a.mask[at + k]) sum[k] += static_cast<float>(h_grad[at + k]);
         }

@@ -28,6 +28,9 @@ class TransducerJoint(torch.nn.Module):
         relu: apply ReLU. dropout: apply dropout with ``dropout_prob`` (training only).
         opt, fwd_tile_size: NVIDIA apex's kernel choices; accepted and unused (one kernel here).
         probe_mask: keep the ReLU/dropout mask (uint8, h's shape) of each call in ``self.mask_probe``.
+
+    With ReLU, no dropout and no probe, the forward writes only h: the backward recomputes the ReLU
+    mask from f and g (kept for it instead of the mask), with the same result.
     """
 
     def __init__(self, pack_output: bool = False, relu: bool = False, dropout: bool = False, opt: int = 1,
@@ -52,7 +55,8 @@ class TransducerJoint(torch.nn.Module):
         offset = batch_offset if self.pack_output else None
         dropout_prob = self.dropout_prob if self.dropout and self.training else 0.0
         h, mask = ops("transducer").transducer_joint_forward(
-            f, g, f_len, g_len, offset, _as_int(packed_batch) if self.pack_output else 0, self.relu, dropout_prob)
+            f, g, f_len, g_len, offset, _as_int(packed_batch) if self.pack_output else 0, self.relu, dropout_prob,
+            self.mask_probe is not None)
         if self.mask_probe is not None:
             self.mask_probe.append(mask)
         return h
