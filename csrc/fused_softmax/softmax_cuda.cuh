@@ -43,6 +43,7 @@
 
 #include "apex/block_reduce.cuh"
 #include "apex/cuda.cuh"
+#include "apex/fast_exp2.cuh"
 #include "apex/occupancy.cuh"
 #include "fused_softmax.h"
 
@@ -461,19 +462,6 @@ C10_DEVICE C10_ALWAYS_INLINE void launder(Packed<T, kVec>& v) {
 #if !defined(USE_ROCM)
 #pragma unroll
   for (int i = 0; i < Packed<T, kVec>::kWords; ++i) asm volatile("prmt.b32 %0, %0, 0, 0x3210;" : "+r"(v.w[i]));
-#endif
-}
-
-// 2^x by the hardware approximation (MUFU.EX2, 2 ulp), subnormal results flushed to zero: one
-// instruction where exp2f() adds a range check and a rescale around it (and a live predicate).
-// exp2(-inf) = 0. Probabilities below 2^-126 (1e-38) become 0.
-C10_DEVICE C10_ALWAYS_INLINE float fast_exp2(float x) {
-#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return exp2f(x);
 #endif
 }
 

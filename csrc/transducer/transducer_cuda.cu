@@ -12,6 +12,7 @@
 //          memory; the backward writes each row's gradient in one more pass. No softmax or
 //          log-softmax tensor is ever stored.
 #include "apex/cuda.cuh"
+#include "apex/fast_exp2.cuh"
 #include "apex/block_reduce.cuh"
 #include "apex/occupancy.cuh"
 #include "apex/row_softmax.cuh"
@@ -380,19 +381,6 @@ int row_group_lanes(int64_t classes, int vec) {
   return lanes;
 }
 
-// 2^x on the special-function unit: ex2.approx.ftz, what exp2f runs for results of 2^-126 and up
-// (exp2f adds a rescaling for smaller ones, which no sum of exps here can tell from 0: each holds a
-// 1, its max's). double: exp2.
-C10_DEVICE C10_ALWAYS_INLINE float exp2_fast(float x) {
-#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return exp2f(x);
-#endif
-}
-C10_DEVICE C10_ALWAYS_INLINE double exp2_fast(double x) { return exp2(x); }
 
 // Whether cell c has a label transition (u < u_len - 1).
 C10_DEVICE C10_ALWAYS_INLINE bool has_label(const Lattice& l, const Cell& c) {
@@ -457,12 +445,12 @@ __global__ void __launch_bounds__(kThreads) loss_rows_group_kernel(LossArgs a, i
 #pragma unroll
         for (int e = 0; e < kVec; ++e) vector_max = max_of(vector_max, values[e]);
         if (vector_max > max) {
-          sum *= exp2_fast((max - vector_max) * kLog2e<Acc>);
+          sum *= fast_exp2((max - vector_max) * kLog2e<Acc>);
           max = vector_max;
         }
         const Acc base = max == kNegInf<Acc> ? Acc(0) : max * kLog2e<Acc>;  // -inf logits add exp2(-inf) = 0
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) sum += exp2_fast(values[e] * kLog2e<Acc> - base);
+        for (int e = 0; e < kVec; ++e) sum += fast_exp2(values[e] * kLog2e<Acc> - base);
       }
     }
     // The head and tail scalars (fewer than kVec each), round the group's lanes.
@@ -470,15 +458,15 @@ __global__ void __launch_bounds__(kThreads) loss_rows_group_kernel(LossArgs a, i
     for (int64_t q = member; q < scalars; q += lanes) {
       const Acc value = static_cast<Acc>(logits[q < split.head ? q : split.tail() + (q - split.head)]);
       if (value > max) {
-        sum *= exp2_fast((max - value) * kLog2e<Acc>);
+        sum *= fast_exp2((max - value) * kLog2e<Acc>);
         max = value;
       }
-      sum += exp2_fast(value * kLog2e<Acc> - (max == kNegInf<Acc> ? Acc(0) : max * kLog2e<Acc>));
+      sum += fast_exp2(value * kLog2e<Acc> - (max == kNegInf<Acc> ? Acc(0) : max * kLog2e<Acc>));
     }
     if (member == 0 && labelled) label = static_cast<float>(logits[label_class]);  // an L1 hit: the row was just read
     const Acc row_max = group_reduce(max, lanes, [](Acc p, Acc q) { return max_of(p, q); });
     // Each lane's sum at the row's max (equal maxima, -inf ones included, need no exp).
-    if (max != row_max) sum *= exp2_fast((max - row_max) * kLog2e<Acc>);
+    if (max != row_max) sum *= fast_exp2((max - row_max) * kLog2e<Acc>);
     const Acc row_sum = group_reduce(sum, lanes, [](Acc p, Acc q) { return p + q; });
     if (member == 0 && row < l.rows) {
       write_row_terms<T>(a, c.valid, labelled, row, static_cast<float>(row_max + log(row_sum)), blank, label);
