@@ -55,8 +55,8 @@ const void* param_data(const std::optional<at::Tensor>& p, at::ScalarType acc, a
 }
 
 template <class Device>
-at::Tensor workspace_for(const Device& device, const Shape& shape, Dtype dtype, bool backward, const at::Tensor& like) {
-  return at::empty({workspace_bytes(device, shape, dtype, backward)}, like.options().dtype(at::kByte));
+at::Tensor workspace_for(const Device& device, const Shape& shape, Dtype dtype, const at::Tensor& like) {
+  return at::empty({workspace_bytes(device, shape, dtype)}, like.options().dtype(at::kByte));
 }
 
 }  // namespace
@@ -99,7 +99,7 @@ struct Backward {
       at::Tensor w, b;
       at::Tensor dw = defined(weight) ? at::empty({shape.channels}, x.options().dtype(acc)) : at::Tensor();
       at::Tensor db = defined(bias) ? at::empty({shape.channels}, x.options().dtype(acc)) : at::Tensor();
-      at::Tensor workspace = workspace_for(device, shape, dtype, true, x);
+      at::Tensor workspace = workspace_for(device, shape, dtype, x);
       backward(device, BackwardArgs{shape, dtype, input.const_data_ptr(), dy.const_data_ptr(), param_data(weight, acc, w),
                                     param_data(bias, acc, b), means.const_data_ptr(), rstds.const_data_ptr(), silu,
                                     grad_x.mutable_data_ptr(), dw.defined() ? dw.mutable_data_ptr() : nullptr,
@@ -138,7 +138,7 @@ struct Forward {
         rstd.fill_(std::numeric_limits<double>::quiet_NaN());
       }
       at::Tensor w, b;
-      at::Tensor workspace = workspace_for(device, shape, dtype, false, x);
+      at::Tensor workspace = workspace_for(device, shape, dtype, x);
       forward(device, ForwardArgs{shape, dtype, input.const_data_ptr(), param_data(weight, acc, w), param_data(bias, acc, b),
                                   eps, silu, y.mutable_data_ptr(), mean.mutable_data_ptr(), rstd.mutable_data_ptr(),
                                   workspace.mutable_data_ptr()});

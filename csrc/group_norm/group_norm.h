@@ -58,8 +58,8 @@ void forward(const Cpu&, const ForwardArgs&);    // group_norm_cpu.cpp
 void backward(const Cpu&, const BackwardArgs&);
 void forward(const Cuda&, const ForwardArgs&);   // group_norm_cuda.cu
 void backward(const Cuda&, const BackwardArgs&);
-// Bytes of zeroed scratch the kernels need (the CPU ones need none).
-int64_t workspace_bytes(const Cuda&, const Shape& shape, Dtype dtype, bool backward);
-inline int64_t workspace_bytes(const Cpu&, const Shape&, Dtype, bool) { return 0; }
+// Bytes of scratch the kernels need, either direction (the CPU ones need none).
+int64_t workspace_bytes(const Cuda&, const Shape& shape, Dtype dtype);
+inline int64_t workspace_bytes(const Cpu&, const Shape&, Dtype) { return 0; }
 
 }  // namespace apex::group_norm

@@ -599,7 +599,7 @@ using BackwardSumsOf = BackwardSums<T, kVec>;
 
 }  // namespace
 
-int64_t workspace_bytes(const Cuda& device, const Shape& shape, Dtype dtype, bool) {
+int64_t workspace_bytes(const Cuda& device, const Shape& shape, Dtype dtype) {
   if (shape.samples == 0 || shape.channels == 0 || shape.spatial == 0) return 0;
   int64_t bytes = 0;
   dispatch_floating(dtype, [&](auto tag) {

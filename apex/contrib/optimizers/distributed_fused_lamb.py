@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from apex._weak_hooks import weak_method
 from apex.contrib.optimizers._shards import group_lists
 from apex.contrib.optimizers._zero_optimizer import ZeroOptimizer
 from apex.multi_tensor_apply import multi_tensor_applier
@@ -160,8 +160,7 @@ class DistributedFusedLAMB(ZeroOptimizer):
     def _build_layout(self) -> None:
         super()._build_layout()
         if not self.clip_after_ar:  # held weakly: the optimizer owns the GradSync (no reference cycle)
-            clip = weakref.WeakMethod(self._clip_before_reduction)
-            self._grads.before_reduce = lambda buckets: clip()(buckets)
+            self._grads.before_reduce = weak_method(self, "_clip_before_reduction")
 
     @torch.no_grad()
     def _clip_before_reduction(self, buckets: list[torch.Tensor]) -> None:
