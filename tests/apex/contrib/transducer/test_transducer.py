@@ -31,6 +31,20 @@ def pack(x, f_len, u_len):
     return torch.cat([x[b, : int(f_len[b]), : int(u_len[b])].reshape(-1, x.shape[-1]) for b in range(x.shape[0])])
 
 
+def joint_reference(f, g, f_len, g_len, h_grad, pack_output, relu, dtype):
+    """(h, f_grad, g_grad) of the plain-torch reference in ``dtype``, without dropout."""
+    f_ref, g_ref = f.detach().to(dtype).requires_grad_(), g.detach().to(dtype).requires_grad_()
+    return reference.transducer_joint_reference(f_ref, g_ref, h_grad.to(dtype), f_len, g_len, pack_output, relu, False)
+
+
+def run_joint(joint, f, g, f_len, g_len, h_grad):
+    """``joint``'s h of (f, g), after its backward of h_grad (packed as h is when the joint packs)."""
+    offset = torch.cumsum(f_len * g_len, 0)
+    h = joint(f, g, f_len, g_len, offset, offset[-1]) if joint.pack_output else joint(f, g, f_len, g_len)
+    h.backward(pack(h_grad, f_len, g_len) if joint.pack_output else h_grad)
+    return h
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("pack_output", [False, True])
@@ -38,13 +52,9 @@ def pack(x, f_len, u_len):
 @pytest.mark.parametrize("hidden", [24, 13])
 def test_joint_matches_reference(device, dtype, pack_output, relu, hidden):
     f, g, f_len, g_len, h_grad = joint_inputs(dtype, device, hidden)
-    f_ref, g_ref = f.detach().float().requires_grad_(), g.detach().float().requires_grad_()
-    h_ref, f_grad_ref, g_grad_ref = reference.transducer_joint_reference(f_ref, g_ref, h_grad.float(), f_len, g_len,
-                                                                         pack_output, relu, False)
+    h_ref, f_grad_ref, g_grad_ref = joint_reference(f, g, f_len, g_len, h_grad, pack_output, relu, torch.float32)
     joint = TransducerJoint(pack_output=pack_output, relu=relu, probe_mask=True)
-    offset = torch.cumsum(f_len * g_len, 0)
-    h = joint(f, g, f_len, g_len, offset, offset[-1]) if pack_output else joint(f, g, f_len, g_len)
-    h.backward(pack(h_grad, f_len, g_len) if pack_output else h_grad)
+    h = run_joint(joint, f, g, f_len, g_len, h_grad)
     tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}[dtype]
     torch.testing.assert_close(h.float(), h_ref, rtol=tol, atol=tol)
     torch.testing.assert_close(f.grad.float(), f_grad_ref, rtol=tol, atol=tol * 8)
@@ -60,13 +70,8 @@ def test_joint_long_sequences(device, pack_output, relu):
     # More frames than one CUDA block sums g_grad over: the backward splits them and adds the
     # splits' partial sums in a second kernel.
     f, g, f_len, g_len, h_grad = joint_inputs(torch.float32, device, hidden=64, batch=2, frames=300, steps=3)
-    f_ref, g_ref = f.detach().double().requires_grad_(), g.detach().double().requires_grad_()
-    h_ref, f_grad_ref, g_grad_ref = reference.transducer_joint_reference(f_ref, g_ref, h_grad.double(), f_len, g_len,
-                                                                         pack_output, relu, False)
-    joint = TransducerJoint(pack_output=pack_output, relu=relu)
-    offset = torch.cumsum(f_len * g_len, 0)
-    h = joint(f, g, f_len, g_len, offset, offset[-1]) if pack_output else joint(f, g, f_len, g_len)
-    h.backward(pack(h_grad, f_len, g_len) if pack_output else h_grad)
+    h_ref, f_grad_ref, g_grad_ref = joint_reference(f, g, f_len, g_len, h_grad, pack_output, relu, torch.float64)
+    h = run_joint(TransducerJoint(pack_output=pack_output, relu=relu), f, g, f_len, g_len, h_grad)
     torch.testing.assert_close(h.double(), h_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(f.grad.double(), f_grad_ref, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(g.grad.double(), g_grad_ref, rtol=1e-5, atol=1e-4)
@@ -115,20 +120,15 @@ def test_joint_relu_mask_recomputed_matches_probed(device, dtype, pack_output, h
     # from f and g: gradients identical, bit for bit, to those of the stored mask.
     f, g, f_len, g_len, h_grad = discrete_joint_inputs(dtype, device, hidden)
     assert ((f.unsqueeze(2) + g.unsqueeze(1)) == 0).any()
-    offset = torch.cumsum(f_len * g_len, 0)
-    grad = pack(h_grad, f_len, g_len) if pack_output else h_grad
     results = []
     for probe in (True, False):
         fp, gp = f.detach().clone().requires_grad_(), g.detach().clone().requires_grad_()
         joint = TransducerJoint(pack_output=pack_output, relu=True, probe_mask=probe)
-        h = joint(fp, gp, f_len, g_len, offset, offset[-1]) if pack_output else joint(fp, gp, f_len, g_len)
-        h.backward(grad)
+        h = run_joint(joint, fp, gp, f_len, g_len, h_grad)
         results.append((h.detach(), fp.grad, gp.grad))
     for probed, recomputed in zip(*results):
         torch.testing.assert_close(recomputed, probed, rtol=0, atol=0)
-    f_ref, g_ref = f.detach().double().requires_grad_(), g.detach().double().requires_grad_()
-    _, f_grad_ref, g_grad_ref = reference.transducer_joint_reference(f_ref, g_ref, h_grad.double(), f_len, g_len,
-                                                                     pack_output, True, False)
+    _, f_grad_ref, g_grad_ref = joint_reference(f, g, f_len, g_len, h_grad, pack_output, True, torch.float64)
     tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float64: 1e-5}[dtype]
     torch.testing.assert_close(results[1][1].double(), f_grad_ref, rtol=tol, atol=tol * 8)
     torch.testing.assert_close(results[1][2].double(), g_grad_ref, rtol=tol, atol=tol * 8)
@@ -143,13 +143,8 @@ def test_joint_many_steps(device, pack_output, probe_mask):
     g_len[1] = 20
     for b in range(3):
         h_grad[b, :, int(g_len[b]):] = 0
-    f_ref, g_ref = f.detach().double().requires_grad_(), g.detach().double().requires_grad_()
-    h_ref, f_grad_ref, g_grad_ref = reference.transducer_joint_reference(f_ref, g_ref, h_grad.double(), f_len, g_len,
-                                                                         pack_output, True, False)
-    joint = TransducerJoint(pack_output=pack_output, relu=True, probe_mask=probe_mask)
-    offset = torch.cumsum(f_len * g_len, 0)
-    h = joint(f, g, f_len, g_len, offset, offset[-1]) if pack_output else joint(f, g, f_len, g_len)
-    h.backward(pack(h_grad, f_len, g_len) if pack_output else h_grad)
+    h_ref, f_grad_ref, g_grad_ref = joint_reference(f, g, f_len, g_len, h_grad, pack_output, True, torch.float64)
+    h = run_joint(TransducerJoint(pack_output=pack_output, relu=True, probe_mask=probe_mask), f, g, f_len, g_len, h_grad)
     torch.testing.assert_close(h.double(), h_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(f.grad.double(), f_grad_ref, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(g.grad.double(), g_grad_ref, rtol=1e-5, atol=1e-4)

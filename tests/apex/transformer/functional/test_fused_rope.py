@@ -111,6 +111,21 @@ def test_bshd_format_and_start_positions(device, dtype):
     check(out, expected, dtype)
 
 
+def check_thd(t, cu_seqlens, freqs, interleaved, dtype):
+    """fused_apply_rotary_pos_emb_thd of t (tokens past the last sequence copied) against the reference per
+    sequence, output and gradient; returns the output."""
+    out = fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, interleaved=interleaved)
+    pieces = []
+    for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+        f = freqs[: end - start, 0]
+        pieces.append(reference(t[start:end], f.cos(), f.sin(), interleaved))
+    expected = torch.cat(pieces + [t[int(cu_seqlens[-1]):]])
+    check(out, expected, dtype)
+    g = torch.randn_like(out)
+    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+    return out
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -119,12 +134,18 @@ def test_thd(device, dtype, interleaved):
     h, d, d2 = 3, 16, 8
     t = torch.randn(23, h, d, device=device).to(dtype).requires_grad_()  # tokens 20..22: in no sequence
     freqs = torch.randn(10, 1, 1, d2, device=device)
-    out = fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, interleaved=interleaved)
-    pieces = []
-    for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
-        f = freqs[: end - start, 0]
-        pieces.append(reference(t[start:end], f.cos(), f.sin(), interleaved))
-    expected = torch.cat(pieces + [t[20:]])
+    check_thd(t, cu_seqlens, freqs, interleaved, dtype)
+
+
+def check_2d(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w, dtype):
+    """fused_apply_rotary_pos_emb_2d of t [b, img_h * img_w, h, d] against the reference (rows rotate the
+    first half of d, columns the second), output and gradient."""
+    b, _, h, d = t.shape
+    out = fused_apply_rotary_pos_emb_2d(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w)
+    q = t.view(b, img_h, img_w, h, d)
+    rows = reference(q[..., : d // 2], cos_h[:, :img_h].unsqueeze(2), sin_h[:, :img_h].unsqueeze(2))
+    cols = reference(q[..., d // 2:], cos_w[:, :img_w].unsqueeze(1), sin_w[:, :img_w].unsqueeze(1))
+    expected = torch.cat((rows, cols), -1).view(b, img_h * img_w, h, d)
     check(out, expected, dtype)
     g = torch.randn_like(out)
     check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
@@ -138,14 +159,7 @@ def test_2d(device, dtype):
     t = t.transpose(2, 3).contiguous().transpose(2, 3).requires_grad_()  # non-unit d stride
     emb_h, emb_w = torch.randn(1, img_h + 2, 1, d // 2, device=device), torch.randn(1, img_w, 1, d // 2, device=device)
     cos_h, sin_h, cos_w, sin_w = emb_h.cos().to(dtype), emb_h.sin().to(dtype), emb_w.cos(), emb_w.sin()
-    out = fused_apply_rotary_pos_emb_2d(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w)
-    q = t.view(b, img_h, img_w, h, d)
-    rows = reference(q[..., : d // 2], cos_h[:, :img_h].unsqueeze(2), sin_h[:, :img_h].unsqueeze(2))
-    cols = reference(q[..., d // 2:], cos_w[:, :img_w].unsqueeze(1), sin_w[:, :img_w].unsqueeze(1))
-    expected = torch.cat((rows, cols), -1).view(b, img_h * img_w, h, d)
-    check(out, expected, dtype)
-    g = torch.randn_like(out)
-    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+    check_2d(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -393,28 +407,13 @@ def test_thd_and_2d_vector_path_on_gpu(dtype):
     freqs = torch.randn(700, 1, 1, d2, device="cuda") * 10
     for interleaved in (False, True):
         t = torch.randn(1003, h, d, device="cuda").to(dtype).requires_grad_()
-        out = fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, interleaved=interleaved)
-        pieces = []
-        for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
-            f = freqs[: end - start, 0]
-            pieces.append(reference(t[start:end], f.cos(), f.sin(), interleaved))
-        expected = torch.cat(pieces + [t[1000:]])
-        check(out, expected, dtype)
-        g = torch.randn_like(out)
-        check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+        out = check_thd(t, cu_seqlens, freqs, interleaved, dtype)
         assert torch.equal(out[1000:], t[1000:])
     b, img_h, img_w, h, d = 2, 5, 7, 3, 128
     t = torch.randn(b, img_h * img_w, h, d, device="cuda").to(dtype).requires_grad_()
     emb_h, emb_w = torch.randn(1, img_h + 2, 1, d // 2, device="cuda"), torch.randn(1, img_w, 1, d // 2, device="cuda")
     cos_h, sin_h, cos_w, sin_w = emb_h.cos(), emb_h.sin(), emb_w.cos().to(dtype), emb_w.sin().to(dtype)
-    out = fused_apply_rotary_pos_emb_2d(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w)
-    q = t.view(b, img_h, img_w, h, d)
-    rows = reference(q[..., : d // 2], cos_h[:, :img_h].unsqueeze(2), sin_h[:, :img_h].unsqueeze(2))
-    cols = reference(q[..., d // 2:], cos_w[:, :img_w].unsqueeze(1), sin_w[:, :img_w].unsqueeze(1))
-    expected = torch.cat((rows, cols), -1).view(b, img_h * img_w, h, d)
-    check(out, expected, dtype)
-    g = torch.randn_like(out)
-    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
+    check_2d(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w, dtype)
 
 
 # ---- the CUDA kernel's work split (csrc/fused_rope/rope_plan.h), checked on the CPU ------------------
