@@ -35,7 +35,7 @@ struct ForwardArgs {
   void* y;
   void* mean;            // [N, G], Acc
   void* rstd;            // [N, G], Acc
-  void* workspace;       // workspace_bytes(...) of scratch (CUDA; the kernels zero what they need)
+  void* workspace;       // workspace_bytes(...) of scratch (CUDA; every byte read is written first)
 };
 
 struct BackwardArgs {
@@ -51,7 +51,7 @@ struct BackwardArgs {
   void* dx;
   void* grad_weight;     // [C], Acc; written when not null
   void* grad_bias;       // [C], Acc; written when not null
-  void* workspace;       // workspace_bytes(...) of scratch (CUDA; the kernels zero what they need)
+  void* workspace;       // workspace_bytes(...) of scratch (CUDA; every byte read is written first)
 };
 
 void forward(const Cpu&, const ForwardArgs&);    // group_norm_cpu.cpp

@@ -1,28 +1,36 @@
 // group_norm: CUDA kernels.
 //
-// Each direction is two launches over the same grid, plus a 4-byte-per-sample memset:
-//   sums:  each block reads its tile of one sample once and writes per-channel partial sums; the
-//          last block of a sample to finish (a per-sample counter) folds the sample's partials into
-//          per-channel coefficients, so the next launch is a pure elementwise pass;
-//   apply: each block re-reads its tile and writes the output with those coefficients. It walks
-//          the tiles in reverse order: the tiles the sums launch read last are still in L2.
+// Each direction is two launches over one-wave grids, and nothing else (no memset, no counters):
+//   sums:  each block reads its tile (one sample, one split of the spatial axis, one chunk of
+//          channels) once and writes one pair of sums per group its chunk touches; the backward's
+//          blocks also write per-channel sums, for grad_weight and grad_bias;
+//   apply: each block first folds the sums of the groups its chunk touches (splits x chunks pairs
+//          a group, read in parallel by teams of lanes) into per-group coefficients, then re-reads
+//          its tile and writes the output. It walks the tiles in reverse order: the tiles the sums
+//          launch read last are still in L2. The backward's apply blocks also fold the per-channel
+//          sums into grad_weight / grad_bias.
+// No block waits for another and no fold is a serial tail: the old design folded splits x C pairs
+// per sample in the last block to finish (16x1280x16x16: 500 KB through one block, most of the
+// forward's time).
 // Forward:  sums of (x - shift) and its square, shift = the group's first element (so the sum of
-//           squares never cancels catastrophically); coefficients a = rstd w, b = bias - mean a;
-//           apply y = act(a x + b).
-// Backward: sums of dz and dz * xhat per channel (dz = dy * act'(z)); the per-sample fold turns
-//           them into group means of w dz and w dz xhat and per-channel coefficients of
-//           dx = a dz + B x + D; the last sample's fold also sums grad_weight / grad_bias over
-//           samples. Every sum is taken in a fixed order: results are deterministic.
+//           squares never cancels catastrophically); per channel a = rstd w, b = bias - mean a;
+//           y = act(a x + b). The apply blocks of split 0 write mean and rstd.
+// Backward: per-group sums of w dz and w dz xhat (dz = dy act'(z), each block weighting its channel
+//           sums by w) give the group's B, D of dx = a dz + B x + D.
+// Every sum is taken in a fixed order (rows, then channels, then splits and chunks in order, then a
+// fixed butterfly of a team's lanes): results are deterministic.
 //
-// Tiles: a block is a cols x rows grid of threads, each thread holding one pack of kVec elements
-// (a 16-byte vector when the layout allows, else one element) and walking it along the spatial
-// axis:
+// Tiles: a block is a cols x rows grid of threads (rounded up to whole warps; the extra threads
+// only take part in the folds), each thread holding one pack of kVec elements (a 16-byte vector
+// when the layout allows, else one element) and walking it along the spatial axis:
 //   NHWC: a sample is [S, C]; thread (r, k) takes channel pack k of a chunk of channels (fixed for
 //         good) at positions r, r + rows, ... of its split of S.
 //   NCHW: a sample is [C, S]; thread (r, k) takes channel r of the block's channels, at packs
 //         k, k + cols, ... of its split of S (every lane of a pack in the same channel).
 #include "apex/acc_type.h"
+#include "apex/block_reduce.cuh"
 #include "apex/cuda.cuh"
+#include "apex/dependent_launch.cuh"
 #include "apex/occupancy.cuh"
 #include "group_norm.h"
 #include "group_norm_math.h"
@@ -30,32 +38,47 @@
 namespace apex::group_norm {
 namespace {
 
-// Threads per block. Each kernel's grid is one wave: as many blocks as its occupancy keeps resident
-// (a second, partial wave left SMs idle; more blocks also mean more partial sums to fold).
+// Threads per block (at most). Each kernel's grid is one wave: as many blocks as its occupancy
+// keeps resident (a second, partial wave left SMs idle; more blocks also mean more sums to fold).
 constexpr int kThreads = 256;
-// Partial sums a folding thread loads before adding any (the fold is the sums kernel's serial tail:
-// one load in flight at a time made it ~20 us).
+// NHWC: channel packs across a block, at most. 32 x 16 bytes keeps each row's loads 512 contiguous
+// bytes, and chunks this narrow let a small spatial axis still fill the GPU with few splits.
+constexpr int kMaxCols = 32;
+// NCHW: threads along S per channel, so a channel's sum is a sum of this many threads'.
+constexpr int kNchwLanes = 32;
+// Partial sums a folding lane loads before adding any (the folds are latency chains otherwise).
 constexpr int kFoldBatch = 8;
 // Threads an SM holds at most (Hopper, Ampere; bounds the workspace's partial sums).
 constexpr int kMaxThreadsPerSm = 2048;
-// Packs a thread loads (per input) before using any: the backward reads two inputs, so half as many
-// of each (the same bytes in flight, and registers for its four per-lane coefficients).
-constexpr int kForwardUnroll = 4;
-constexpr int kBackwardUnroll = 2;
-// Blocks per SM every kernel must fit (__launch_bounds__): at most 128 registers a thread.
-constexpr int kMinBlocksPerSm = 2;
-// NCHW: threads along S per channel, so a channel's partial is a sum of this many threads'.
-constexpr int kNchwLanes = 32;
+// Per pass: packs a thread loads (per input) before using any, and blocks of kThreads an SM must
+// hold (__launch_bounds__, so a register budget of 65536 / (kThreads x blocks)). Chosen together:
+// as many packs in flight as the budget holds without spilling (ptxas -v, sm_90, 16-bit data in
+// 16-byte packs). The apply passes also hold per-lane coefficients; the backward reads two inputs
+// and keeps four coefficients a lane.
+constexpr int kForwardSumsUnroll = 8, kForwardSumsBlocks = 2;
+constexpr int kForwardApplyUnroll = 6, kForwardApplyBlocks = 2;
+constexpr int kBackwardSumsUnroll = 2, kBackwardSumsBlocks = 2;
+constexpr int kBackwardApplyUnroll = 2, kBackwardApplyBlocks = 2;
+// The backward's per-channel sums (written by the sums pass, read by the apply pass) are kept
+// under 1/kChannelSumsShare of x's bytes by capping its splits, unless that leaves SMs idle.
+constexpr int kChannelSumsShare = 16;
+// grad_weight / grad_bias fold: channels a warp takes at once (8 x 8-byte pairs: 64 contiguous
+// bytes a load); its other lanes split the terms.
+constexpr int kParamChannelLanes = 8;
 
 // What a launch covers. Blocks are numbered sample-major: block b is sample b / blocks_per_sample,
 // split (b % blocks_per_sample) / chunks, chunk (b % blocks_per_sample) % chunks.
 struct Plan {
   int64_t samples, channels, groups, spatial, per_group;
   int cols, rows;             // the block's thread grid (see the file comment)
-  int chunks;                 // NHWC: channel chunks of cols packs; NCHW: channel blocks of rows channels
+  int threads;                // cols * rows rounded up to whole warps
+  int chunks;                 // chunks of channels a sample is cut into
+  int64_t chunk_width;        // channels a chunk: NHWC cols * kVec, NCHW rows
+  int slots;                  // groups a chunk touches, at most
   int splits;                 // parts of the spatial axis
   int64_t split_len;          // NHWC: positions per split; NCHW: packs per split
   int64_t blocks_per_sample;  // splits * chunks
+  int sum_splits;             // the sums grid's splits: the layout of the partial sums
 };
 
 template <class Acc>
@@ -63,20 +86,17 @@ struct Pair {
   Acc a, b;
 };
 
-// Per-channel coefficients the folds write and the apply passes read: forward uses (a, b),
-// backward all four (dx = a dz + B x + D, z = a x + b).
-template <class Acc>
-struct Coefficients {
-  Acc a, b, B, D;
+struct AddPairs {
+  template <class Acc>
+  C10_DEVICE C10_ALWAYS_INLINE Pair<Acc> operator()(const Pair<Acc>& x, const Pair<Acc>& y) const {
+    return {x.a + y.a, x.b + y.b};
+  }
 };
 
 template <class Acc>
 struct Workspace {
-  unsigned* counters;          // [N + 1]: finished blocks per sample; finished samples (backward)
-  Pair<Acc>* channel;          // [N, C]: a sample's per-channel sums
-  Pair<Acc>* group;            // [N, G]: backward's per-group (B, D)
-  Coefficients<Acc>* coefficients;  // [N, C]
-  Pair<Acc>* partial;          // [N, splits, C], last: the sums and apply grids differ in splits only
+  Pair<Acc>* group_sums;    // [N, sum_splits, chunks, slots]: slot s of chunk k is group k's first + s
+  Pair<Acc>* channel_sums;  // [N, sum_splits, C]: backward only
 };
 
 C10_HOST_DEVICE constexpr int64_t align_up(int64_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -86,18 +106,13 @@ C10_HOST_DEVICE constexpr int64_t align_up(int64_t bytes) { return (bytes + 255)
 template <class Acc>
 C10_HOST_DEVICE Workspace<Acc> carve(void* base, const Plan& p, int64_t* bytes = nullptr) {
   const uintptr_t start = reinterpret_cast<uintptr_t>(base);
+  const int64_t partials = p.samples * p.sum_splits;
   int64_t at = 0;
   Workspace<Acc> ws;
-  ws.counters = reinterpret_cast<unsigned*>(start + at);
-  at += align_up(sizeof(unsigned) * (p.samples + 1));
-  ws.channel = reinterpret_cast<Pair<Acc>*>(start + at);
-  at += align_up(sizeof(Pair<Acc>) * p.samples * p.channels);
-  ws.group = reinterpret_cast<Pair<Acc>*>(start + at);
-  at += align_up(sizeof(Pair<Acc>) * p.samples * p.groups);
-  ws.coefficients = reinterpret_cast<Coefficients<Acc>*>(start + at);
-  at += align_up(sizeof(Coefficients<Acc>) * p.samples * p.channels);
-  ws.partial = reinterpret_cast<Pair<Acc>*>(start + at);
-  at += align_up(sizeof(Pair<Acc>) * p.samples * p.splits * p.channels);
+  ws.group_sums = reinterpret_cast<Pair<Acc>*>(start + at);
+  at += align_up(sizeof(Pair<Acc>) * partials * p.chunks * p.slots);
+  ws.channel_sums = reinterpret_cast<Pair<Acc>*>(start + at);
+  at += align_up(sizeof(Pair<Acc>) * partials * p.channels);
   if (bytes != nullptr) *bytes = at;
   return ws;
 }
@@ -109,41 +124,45 @@ int64_t carved_bytes(const Plan& p) {
   return bytes;
 }
 
-// Another block's global writes, read past this SM's L1 (which may hold nothing of them yet, but
-// the read must not be served from a stale line either way).
-template <class T>
-C10_DEVICE C10_ALWAYS_INLINE T load_fresh(const T* p) {
-#if defined(USE_ROCM)
-  return *reinterpret_cast<const volatile T*>(p);
-#else
-  return __ldcg(p);
-#endif
+// The first group chunk `chunk` touches; its slot s holds group first_group + s.
+C10_HOST_DEVICE inline int64_t first_group(const Plan& p, int64_t chunk) {
+  return chunk * p.chunk_width / p.per_group;
+}
+
+// Element offset of x[n, c, spatial 0] (the shift of c's group when c is its first channel).
+C10_DEVICE inline int64_t offset_of(const Plan& p, Layout layout, int64_t n, int64_t c) {
+  return layout == Layout::kNhwc ? n * p.spatial * p.channels + c : (n * p.channels + c) * p.spatial;
 }
 
 // ---- where a thread works -------------------------------------------------------------------
 
+// A block's tile: its sample, split of the spatial axis and chunk of channels.
+struct Place {
+  int64_t sample, split, chunk;
+};
+
 // A thread's packs: `count` of them at element offsets first + j * stride, lane k of each in
 // channel channel[k] (the same channel for every pack).
 template <int kVec>
-struct Walk {
-  int64_t sample, first, stride;
+struct Walk : Place {
+  int64_t first, stride;
   int count;
   int64_t channel[kVec];
-  int64_t block_in_sample, split, chunk;
 };
 
 template <Layout kLayout, int kVec>
 C10_DEVICE Walk<kVec> walk_of(const Plan& p, int64_t block) {
   Walk<kVec> w;
   w.sample = block / p.blocks_per_sample;
-  w.block_in_sample = block - w.sample * p.blocks_per_sample;
-  w.split = w.block_in_sample / p.chunks;
-  w.chunk = w.block_in_sample - w.split * p.chunks;
+  const int64_t block_in_sample = block - w.sample * p.blocks_per_sample;
+  w.split = block_in_sample / p.chunks;
+  w.chunk = block_in_sample - w.split * p.chunks;
   const int r = static_cast<int>(threadIdx.x) / p.cols, k = static_cast<int>(threadIdx.x) % p.cols;
+  const bool in_tile = r < p.rows;  // not one of the threads that round the block up to whole warps
   if constexpr (kLayout == Layout::kNhwc) {
     const int64_t pack = w.chunk * p.cols + k;
     const int64_t begin = w.split * p.split_len + r, end = std::min(p.spatial, (w.split + 1) * p.split_len);
-    const bool valid = pack * kVec < p.channels && begin < end;
+    const bool valid = in_tile && pack * kVec < p.channels && begin < end;
     w.count = valid ? static_cast<int>((end - begin + p.rows - 1) / p.rows) : 0;
     w.first = (w.sample * p.spatial + begin) * p.channels + pack * kVec;
     w.stride = static_cast<int64_t>(p.rows) * p.channels;
@@ -152,7 +171,7 @@ C10_DEVICE Walk<kVec> walk_of(const Plan& p, int64_t block) {
   } else {
     const int64_t channel = w.chunk * p.rows + r, packs = p.spatial / kVec;
     const int64_t begin = w.split * p.split_len + k, end = std::min(packs, (w.split + 1) * p.split_len);
-    const bool valid = channel < p.channels && begin < end;
+    const bool valid = in_tile && channel < p.channels && begin < end;
     w.count = valid ? static_cast<int>((end - begin + p.cols - 1) / p.cols) : 0;
     w.first = (w.sample * p.channels + channel) * p.spatial + begin * kVec;
     w.stride = static_cast<int64_t>(p.cols) * kVec;
@@ -164,24 +183,28 @@ C10_DEVICE Walk<kVec> walk_of(const Plan& p, int64_t block) {
 
 // ---- what a pass does at each element ----------------------------------------------------------
 
-// Each pass: `prepare` reads its per-lane coefficients once, `visit` handles lane l of a pack.
+// Each pass: `prepare` reads its per-lane coefficients once (the apply passes from `slot_table`,
+// their block's per-group values), `visit` / `value` handles lane l of a pack. (Loading the apply
+// passes' weights before their fold measured slower on an H200, as did issuing the first packs'
+// loads before it.)
 
-// Forward sums: (x - shift, its square), shift = the first element of the lane's group.
+// Forward sums: (x - shift, its square), shift = the first element of the lane's group; a group's
+// sums are its channels' sums as they are.
 template <class T, int kVec, Layout kLayout>
 struct ForwardSums {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = false;
-  static constexpr int kUnroll = kForwardUnroll;
+  static constexpr bool kChannelSums = false;
+  static constexpr int kUnroll = kForwardSumsUnroll;
+  static constexpr int kMinBlocks = kForwardSumsBlocks;
   Acc shift[kVec];
 
-  C10_DEVICE void prepare(const ForwardArgs& args, const Plan& p, const Workspace<Acc>&, const Walk<kVec>& w) {
+  C10_DEVICE void prepare(const ForwardArgs& args, const Plan& p, const Pair<Acc>*, const Walk<kVec>& w) {
     const T* x = static_cast<const T*>(args.x);
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
       const int64_t first_channel = std::min(w.channel[l], p.channels - 1) / p.per_group * p.per_group;
-      const int64_t at = kLayout == Layout::kNhwc ? w.sample * p.spatial * p.channels + first_channel
-                                                  : (w.sample * p.channels + first_channel) * p.spatial;
-      shift[l] = static_cast<Acc>(x[at]);
+      shift[l] = static_cast<Acc>(x[offset_of(p, kLayout, w.sample, first_channel)]);
     }
   }
 
@@ -190,19 +213,23 @@ struct ForwardSums {
     sum.a += d;
     sum.b += d * d;
   }
+
+  C10_DEVICE static Acc group_weight(const ForwardArgs&, int64_t) { return Acc(1); }
 };
 
-// Backward sums: (dz, dz * xhat).
+// Backward sums: (dz, dz * xhat); a group's sums weight its channels' by w.
 template <class T, int kVec>
 struct BackwardSums {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = true;
-  static constexpr int kUnroll = kBackwardUnroll;
+  static constexpr bool kChannelSums = true;
+  static constexpr int kUnroll = kBackwardSumsUnroll;
+  static constexpr int kMinBlocks = kBackwardSumsBlocks;
   Acc scale[kVec], offset[kVec];  // xhat = scale x + offset
   Acc weight[kVec], bias[kVec];   // z = weight xhat + bias (SiLU only)
   bool silu;
 
-  C10_DEVICE void prepare(const BackwardArgs& args, const Plan& p, const Workspace<Acc>&, const Walk<kVec>& w) {
+  C10_DEVICE void prepare(const BackwardArgs& args, const Plan& p, const Pair<Acc>*, const Walk<kVec>& w) {
     silu = args.silu;
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
@@ -210,7 +237,7 @@ struct BackwardSums {
       const Acc rstd = static_cast<const Acc*>(args.rstd)[gid], mean = static_cast<const Acc*>(args.mean)[gid];
       scale[l] = rstd;
       offset[l] = -mean * rstd;
-      weight[l] = args.weight != nullptr ? static_cast<const Acc*>(args.weight)[c] : Acc(1);
+      weight[l] = group_weight(args, c);
       bias[l] = args.bias != nullptr ? static_cast<const Acc*>(args.bias)[c] : Acc(0);
     }
   }
@@ -221,48 +248,67 @@ struct BackwardSums {
     sum.a += dz;
     sum.b += dz * xhat;
   }
+
+  C10_DEVICE static Acc group_weight(const BackwardArgs& args, int64_t c) {
+    return args.weight != nullptr ? static_cast<const Acc*>(args.weight)[c] : Acc(1);
+  }
 };
 
-// Forward output: y = act(a x + b).
+// Forward output: y = act(a x + b); slot_table holds the block's groups' (mean, rstd).
 template <class T, int kVec>
 struct ForwardApply {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = false;
-  static constexpr int kUnroll = kForwardUnroll;
+  static constexpr int kUnroll = kForwardApplyUnroll;
+  static constexpr int kMinBlocks = kForwardApplyBlocks;
   Acc a[kVec], b[kVec];
   bool silu;
 
-  C10_DEVICE void prepare(const ForwardArgs& args, const Plan& p, const Workspace<Acc>& ws, const Walk<kVec>& w) {
+  C10_DEVICE void prepare(const ForwardArgs& args, const Plan& p, const Pair<Acc>* slot_table, const Walk<kVec>& w) {
     silu = args.silu;
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
-      const Coefficients<Acc> k = ws.coefficients[w.sample * p.channels + std::min(w.channel[l], p.channels - 1)];
-      a[l] = k.a;
-      b[l] = k.b;
+      const int64_t c = std::min(w.channel[l], p.channels - 1);
+      const Pair<Acc> stats = slot_table[c / p.per_group - first_group(p, w.chunk)];
+      const Acc weight = args.weight != nullptr ? static_cast<const Acc*>(args.weight)[c] : Acc(1);
+      const Acc bias = args.bias != nullptr ? static_cast<const Acc*>(args.bias)[c] : Acc(0);
+      a[l] = stats.b * weight;
+      b[l] = bias - stats.a * a[l];
     }
   }
 
   C10_DEVICE C10_ALWAYS_INLINE Acc value(int l, Acc x, Acc) const { return activate(x * a[l] + b[l], silu); }
 };
 
-// Backward output: dx = a dz + B x + D, dz = dy act'(a x + b).
+// Backward output: dx = a dz + B x + D, dz = dy act'(a x + b); slot_table holds the groups' (B, D).
 template <class T, int kVec>
 struct BackwardApply {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = true;
-  static constexpr int kUnroll = kBackwardUnroll;
-  Coefficients<Acc> k[kVec];
+  static constexpr int kUnroll = kBackwardApplyUnroll;
+  static constexpr int kMinBlocks = kBackwardApplyBlocks;
+  Acc a[kVec], b[kVec], B[kVec], D[kVec];
   bool silu;
 
-  C10_DEVICE void prepare(const BackwardArgs& args, const Plan& p, const Workspace<Acc>& ws, const Walk<kVec>& w) {
+  C10_DEVICE void prepare(const BackwardArgs& args, const Plan& p, const Pair<Acc>* slot_table, const Walk<kVec>& w) {
     silu = args.silu;
 #pragma unroll
-    for (int l = 0; l < kVec; ++l) k[l] = ws.coefficients[w.sample * p.channels + std::min(w.channel[l], p.channels - 1)];
+    for (int l = 0; l < kVec; ++l) {
+      const int64_t c = std::min(w.channel[l], p.channels - 1), gid = w.sample * p.groups + c / p.per_group;
+      const Acc rstd = static_cast<const Acc*>(args.rstd)[gid], mean = static_cast<const Acc*>(args.mean)[gid];
+      const Acc weight = args.weight != nullptr ? static_cast<const Acc*>(args.weight)[c] : Acc(1);
+      const Acc bias = args.bias != nullptr ? static_cast<const Acc*>(args.bias)[c] : Acc(0);
+      const Pair<Acc> bd = slot_table[c / p.per_group - first_group(p, w.chunk)];
+      a[l] = rstd * weight;
+      b[l] = bias - mean * a[l];
+      B[l] = bd.a;
+      D[l] = bd.b;
+    }
   }
 
   C10_DEVICE C10_ALWAYS_INLINE Acc value(int l, Acc x, Acc dy) const {
-    const Acc dz = silu ? dy * activation_slope(x * k[l].a + k[l].b, true) : dy;
-    return k[l].a * dz + k[l].B * x + k[l].D;
+    const Acc dz = silu ? dy * activation_slope(x * a[l] + b[l], true) : dy;
+    return a[l] * dz + B[l] * x + D[l];
   }
 };
 
@@ -289,150 +335,166 @@ C10_DEVICE C10_ALWAYS_INLINE void for_each_pack(const Walk<kVec>& w, const T* x,
   }
 }
 
-// ---- the folds (run by the last block of a sample) ------------------------------------------------
+// ---- folds -----------------------------------------------------------------------------------------
 
-// The sample's per-channel sums: its partials added over splits, in split order.
-template <class Acc>
-C10_DEVICE void fold_channels(const Plan& p, const Workspace<Acc>& ws, int64_t n) {
-  for (int64_t c = threadIdx.x; c < p.channels; c += blockDim.x) {
-    Pair<Acc> s{Acc(0), Acc(0)};
-    const Pair<Acc>* partial = ws.partial + n * p.splits * p.channels + c;
-    for (int first = 0; first < p.splits; first += kFoldBatch) {
-      Pair<Acc> batch[kFoldBatch];
-#pragma unroll
-      for (int i = 0; i < kFoldBatch; ++i) {
-        if (first + i < p.splits) {
-          batch[i] = {load_fresh(&partial[(first + i) * p.channels].a), load_fresh(&partial[(first + i) * p.channels].b)};
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kFoldBatch; ++i) {
-        if (first + i < p.splits) s.a += batch[i].a, s.b += batch[i].b;
-      }
-    }
-    ws.channel[n * p.channels + c] = s;
-  }
-  __syncthreads();  // the block's writes above are visible to the whole block after it
+// Lanes a team gives each of `items` items: the most (a power of two up to the warp) that lets one
+// round of the block's teams cover them all, so a fold's latency is one or two batches of loads.
+C10_DEVICE inline int team_size(int items) {
+  int team = C10_WARP_SIZE;
+  while (team > 1 && team * items > static_cast<int>(blockDim.x)) team /= 2;
+  return team;
 }
 
-template <class T>
-C10_DEVICE void finish_forward(const ForwardArgs& args, const Plan& p, const Workspace<acc_type<T>>& ws, int64_t n) {
-  using Acc = acc_type<T>;
-  fold_channels(p, ws, n);
-  Acc* means = static_cast<Acc*>(args.mean);
-  Acc* rstds = static_cast<Acc*>(args.rstd);
-  const Acc count = static_cast<Acc>(p.per_group * p.spatial);
-  for (int64_t g = threadIdx.x; g < p.groups; g += blockDim.x) {
-    Pair<Acc> s{Acc(0), Acc(0)};
-    for (int64_t c = g * p.per_group; c < (g + 1) * p.per_group; ++c) {
-      s.a += ws.channel[n * p.channels + c].a;
-      s.b += ws.channel[n * p.channels + c].b;
+// For each item i < items, the sum of its terms(i) pairs term(i, t), added in a fixed order: lane j
+// of the item's team adds terms j, j + team, ... (kFoldBatch loads in flight), then the team's lanes
+// are added by a fixed butterfly; done(i, sum) runs on the team's first lane. Every thread of the
+// block calls it, the same number of rounds (the butterflies shuffle across whole warps).
+template <class Acc, class Terms, class Term, class Done>
+C10_DEVICE void team_fold(int items, Terms terms, Term term, Done done) {
+  const int team = team_size(items), teams = static_cast<int>(blockDim.x) / team;
+  const int me = static_cast<int>(threadIdx.x) / team, lane = static_cast<int>(threadIdx.x) % team;
+  for (int round = 0; round < items; round += teams) {
+    const int item = round + me;
+    Pair<Acc> sum{Acc(0), Acc(0)};
+    if (item < items) {
+      const int64_t count = terms(item);
+      for (int64_t first = lane; first < count; first += static_cast<int64_t>(team) * kFoldBatch) {
+        Pair<Acc> batch[kFoldBatch];
+#pragma unroll
+        for (int i = 0; i < kFoldBatch; ++i) {
+          if (first + i * team < count) batch[i] = term(item, first + i * team);
+        }
+#pragma unroll
+        for (int i = 0; i < kFoldBatch; ++i) {
+          if (first + i * team < count) sum = AddPairs{}(sum, batch[i]);
+        }
+      }
     }
+    sum = cuda::group_reduce(sum, team, AddPairs{});
+    if (item < items && lane == 0) done(item, sum);
+  }
+}
+
+// The sums of each group chunk `chunk` of sample n touches, folded over the sums grid's splits and
+// the chunks the group spans; done(slot, group, sum) on one lane each.
+template <class Acc, class Done>
+C10_DEVICE void fold_groups(const Plan& p, const Workspace<Acc>& ws, int64_t n, int64_t chunk, Done done) {
+  const int64_t first = first_group(p, chunk);
+  const int64_t last = (std::min(p.channels, (chunk + 1) * p.chunk_width) - 1) / p.per_group;
+  const Pair<Acc>* sample_sums = ws.group_sums + n * p.sum_splits * p.chunks * p.slots;
+  // group g's chunks: from the one holding its first channel to the one holding its last.
+  const auto chunks_of = [&](int64_t g, int64_t* from) {
+    *from = g * p.per_group / p.chunk_width;
+    return ((g + 1) * p.per_group - 1) / p.chunk_width - *from + 1;
+  };
+  team_fold<Acc>(
+      static_cast<int>(last - first + 1),
+      [&](int slot) {
+        int64_t from;
+        return p.sum_splits * chunks_of(first + slot, &from);
+      },
+      [&](int slot, int64_t t) {
+        int64_t from;
+        const int64_t spanned = chunks_of(first + slot, &from);
+        const int64_t split = t / spanned, k = from + t % spanned;
+        return sample_sums[(split * p.chunks + k) * p.slots + (first + slot - first_group(p, k))];
+      },
+      [&](int slot, const Pair<Acc>& sum) { done(slot, first + slot, sum); });
+}
+
+// grad_weight[c] = sum of dz xhat, grad_bias[c] = sum of dz: channel c's sums over samples and splits,
+// kParamChannelLanes channels a warp at once (its other lanes split the terms), warps across the grid.
+template <class Acc>
+C10_DEVICE void fold_param_grads(const BackwardArgs& args, const Plan& p, const Workspace<Acc>& ws) {
+  if (args.grad_weight == nullptr && args.grad_bias == nullptr) return;
+  constexpr int kTermLanes = C10_WARP_SIZE / kParamChannelLanes;
+  const int64_t warps_per_block = blockDim.x / C10_WARP_SIZE;
+  const int64_t warp = blockIdx.x * warps_per_block + threadIdx.x / C10_WARP_SIZE;
+  const int64_t warps = gridDim.x * warps_per_block;
+  const int lane = static_cast<int>(threadIdx.x) % C10_WARP_SIZE;
+  const int channel_lane = lane % kParamChannelLanes, term_lane = lane / kParamChannelLanes;
+  const int64_t terms = p.samples * p.sum_splits;
+  for (int64_t base = warp * kParamChannelLanes; base < p.channels; base += warps * kParamChannelLanes) {
+    const int64_t c = base + channel_lane;
+    Pair<Acc> sum{Acc(0), Acc(0)};
+    if (c < p.channels) {
+      for (int64_t first = term_lane; first < terms; first += kTermLanes * kFoldBatch) {
+        Pair<Acc> batch[kFoldBatch];
+#pragma unroll
+        for (int i = 0; i < kFoldBatch; ++i) {
+          if (first + i * kTermLanes < terms) batch[i] = ws.channel_sums[(first + i * kTermLanes) * p.channels + c];
+        }
+#pragma unroll
+        for (int i = 0; i < kFoldBatch; ++i) {
+          if (first + i * kTermLanes < terms) sum = AddPairs{}(sum, batch[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int offset = C10_WARP_SIZE / 2; offset >= kParamChannelLanes; offset /= 2) {
+      sum = AddPairs{}(sum, cuda::shuffle_xor(sum, offset));
+    }
+    if (term_lane == 0 && c < p.channels) {
+      if (args.grad_weight != nullptr) static_cast<Acc*>(args.grad_weight)[c] = sum.b;
+      if (args.grad_bias != nullptr) static_cast<Acc*>(args.grad_bias)[c] = sum.a;
+    }
+  }
+}
+
+// The apply passes' per-group values, one per slot of the block's chunk, into slot_table.
+template <class T>
+C10_DEVICE void group_coefficients(const ForwardArgs& args, const Plan& p, const Workspace<acc_type<T>>& ws,
+                                   const Place& block, Pair<acc_type<T>>* slot_table) {
+  using Acc = acc_type<T>;
+  const Acc count = static_cast<Acc>(p.per_group * p.spatial);
+  fold_groups(p, ws, block.sample, block.chunk, [&](int slot, int64_t g, const Pair<Acc>& sum) {
     const int64_t first_channel = g * p.per_group;
     const T* x = static_cast<const T*>(args.x);
-    const int64_t at = args.shape.layout == Layout::kNhwc ? n * p.spatial * p.channels + first_channel
-                                                          : (n * p.channels + first_channel) * p.spatial;
-    const Moments<Acc> m = moments(s.a, s.b, static_cast<Acc>(x[at]), count, args.eps);
-    means[n * p.groups + g] = m.mean;
-    rstds[n * p.groups + g] = m.rstd;
-  }
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < p.channels; c += blockDim.x) {
-    const int64_t gid = n * p.groups + c / p.per_group;
-    const Acc w = args.weight != nullptr ? static_cast<const Acc*>(args.weight)[c] : Acc(1);
-    const Acc b = args.bias != nullptr ? static_cast<const Acc*>(args.bias)[c] : Acc(0);
-    const Acc a = rstds[gid] * w;
-    ws.coefficients[n * p.channels + c] = {a, b - means[gid] * a, Acc(0), Acc(0)};
-  }
+    const Acc shift = static_cast<Acc>(x[offset_of(p, args.shape.layout, block.sample, first_channel)]);
+    const Moments<Acc> m = moments(sum.a, sum.b, shift, count, args.eps);
+    slot_table[slot] = {m.mean, m.rstd};
+    // One block writes each group's statistics: split 0's, of the chunk holding its first channel.
+    if (block.split == 0 && first_channel / p.chunk_width == block.chunk) {
+      static_cast<Acc*>(args.mean)[block.sample * p.groups + g] = m.mean;
+      static_cast<Acc*>(args.rstd)[block.sample * p.groups + g] = m.rstd;
+    }
+  });
 }
 
 template <class T>
-C10_DEVICE void finish_backward(const BackwardArgs& args, const Plan& p, const Workspace<acc_type<T>>& ws, int64_t n) {
+C10_DEVICE void group_coefficients(const BackwardArgs& args, const Plan& p, const Workspace<acc_type<T>>& ws,
+                                   const Place& block, Pair<acc_type<T>>* slot_table) {
   using Acc = acc_type<T>;
-  fold_channels(p, ws, n);
-  const Acc* weight = static_cast<const Acc*>(args.weight);
-  const Acc* bias = static_cast<const Acc*>(args.bias);
-  const Acc* means = static_cast<const Acc*>(args.mean);
-  const Acc* rstds = static_cast<const Acc*>(args.rstd);
+  fold_param_grads(args, p, ws);
   const Acc count = static_cast<Acc>(p.per_group * p.spatial);
-  for (int64_t g = threadIdx.x; g < p.groups; g += blockDim.x) {
-    Acc wdz = Acc(0), wdz_xhat = Acc(0);
-    for (int64_t c = g * p.per_group; c < (g + 1) * p.per_group; ++c) {
-      const Acc w = weight != nullptr ? weight[c] : Acc(1);
-      wdz += w * ws.channel[n * p.channels + c].a;
-      wdz_xhat += w * ws.channel[n * p.channels + c].b;
-    }
+  fold_groups(p, ws, block.sample, block.chunk, [&](int slot, int64_t g, const Pair<Acc>& sum) {
     // dx = rstd (w dz - mean(w dz) - xhat mean(w dz xhat)), xhat = (x - mean) rstd
-    const Acc rstd = rstds[n * p.groups + g], mean = means[n * p.groups + g];
-    const Acc m1 = wdz / count, m2 = wdz_xhat / count;
-    const Acc B = -rstd * rstd * m2;
-    ws.group[n * p.groups + g] = {B, -rstd * m1 - B * mean};
-  }
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < p.channels; c += blockDim.x) {
-    const int64_t gid = n * p.groups + c / p.per_group;
-    const Acc w = weight != nullptr ? weight[c] : Acc(1), b = bias != nullptr ? bias[c] : Acc(0);
-    const Acc a = rstds[gid] * w;
-    const Pair<Acc> bd = ws.group[gid];
-    ws.coefficients[n * p.channels + c] = {a, b - means[gid] * a, bd.a, bd.b};
-  }
-  if (args.grad_weight == nullptr && args.grad_bias == nullptr) return;
-  // The last sample to finish sums every sample's channel sums into the parameter gradients.
-  __shared__ bool last_sample;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last_sample = atomicAdd(ws.counters + p.samples, 1u) == p.samples - 1;
-  __syncthreads();
-  if (!last_sample) return;
-  __threadfence();
-  for (int64_t c = threadIdx.x; c < p.channels; c += blockDim.x) {
-    Acc dz = Acc(0), dz_xhat = Acc(0);
-    for (int64_t first = 0; first < p.samples; first += kFoldBatch) {
-      Pair<Acc> batch[kFoldBatch];
-#pragma unroll
-      for (int i = 0; i < kFoldBatch; ++i) {
-        if (first + i < p.samples) {
-          const Pair<Acc>* at = &ws.channel[(first + i) * p.channels + c];
-          batch[i] = {load_fresh(&at->a), load_fresh(&at->b)};
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kFoldBatch; ++i) {
-        if (first + i < p.samples) dz += batch[i].a, dz_xhat += batch[i].b;
-      }
-    }
-    if (args.grad_weight != nullptr) static_cast<Acc*>(args.grad_weight)[c] = dz_xhat;
-    if (args.grad_bias != nullptr) static_cast<Acc*>(args.grad_bias)[c] = dz;
-  }
-}
-
-template <class T>
-C10_DEVICE void finish(const ForwardArgs& args, const Plan& p, const Workspace<acc_type<T>>& ws, int64_t n) {
-  finish_forward<T>(args, p, ws, n);
-}
-template <class T>
-C10_DEVICE void finish(const BackwardArgs& args, const Plan& p, const Workspace<acc_type<T>>& ws, int64_t n) {
-  finish_backward<T>(args, p, ws, n);
+    const int64_t gid = block.sample * p.groups + g;
+    const Acc rstd = static_cast<const Acc*>(args.rstd)[gid], mean = static_cast<const Acc*>(args.mean)[gid];
+    const Acc B = -rstd * rstd * (sum.b / count);
+    slot_table[slot] = {B, -rstd * (sum.a / count) - B * mean};
+  });
 }
 
 // ---- kernels ---------------------------------------------------------------------------------------
 
-// The block's per-channel partial sums of Pass's pairs, then (last block of a sample) its fold.
+// The block's sums per group its chunk touches (and, for the backward, per channel).
 template <class T, int kVec, Layout kLayout, class Pass, class Args>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sums_kernel(Args args, Plan p) {
+__global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) sums_kernel(Args args, Plan p) {
   using Acc = acc_type<T>;
   extern __shared__ unsigned char shared_bytes[];
-  Pair<Acc>* shared = reinterpret_cast<Pair<Acc>*>(shared_bytes);
-  __shared__ bool last_block;
+  Pair<Acc>* lane_sums = reinterpret_cast<Pair<Acc>*>(shared_bytes);  // [threads * kVec]
+  Pair<Acc>* chunk_sums = lane_sums + p.threads * kVec;               // [chunk_width]
+  cuda::allow_dependent_launch();  // the apply pass's blocks may start as this grid's retire
   const Workspace<Acc> ws = carve<Acc>(args.workspace, p);
   const Walk<kVec> w = walk_of<kLayout, kVec>(p, blockIdx.x);
   Pass pass;
-  pass.prepare(args, p, ws, w);
   Pair<Acc> sums[kVec];
 #pragma unroll
   for (int l = 0; l < kVec; ++l) sums[l] = {Acc(0), Acc(0)};
   const T* dy = nullptr;
   if constexpr (Pass::kReadsDy) dy = static_cast<const T*>(args.dy);
+  pass.prepare(args, p, nullptr, w);
   for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, static_cast<const T*>(args.x), dy, [&](int, const auto& xs, const auto& dys) {
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
@@ -441,58 +503,77 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sums_kernel(Args ar
       pass.visit(l, static_cast<Acc>(xs.value[l]), d, sums[l]);
     }
   });
-  // Across the block, in a fixed order: NHWC adds the rows of each (pack, lane), NCHW first the lanes
-  // of a pack (one channel) and then the cols of each row.
-  const int threads = p.cols * p.rows;
+  // Per channel of the chunk, in a fixed order: NHWC adds the rows of each (pack, lane) (row r's
+  // lane sums sit at r * chunk_width + the channel's offset in the chunk), NCHW first the lanes of
+  // a pack (one channel) and then the cols of its row.
   if constexpr (kLayout == Layout::kNhwc) {
 #pragma unroll
-    for (int l = 0; l < kVec; ++l) shared[threadIdx.x * kVec + l] = sums[l];
+    for (int l = 0; l < kVec; ++l) lane_sums[threadIdx.x * kVec + l] = sums[l];
   } else {
     Pair<Acc> s = sums[0];
 #pragma unroll
-    for (int l = 1; l < kVec; ++l) s.a += sums[l].a, s.b += sums[l].b;
-    shared[threadIdx.x] = s;
+    for (int l = 1; l < kVec; ++l) s = AddPairs{}(s, sums[l]);
+    lane_sums[threadIdx.x] = s;
   }
   __syncthreads();
-  Pair<Acc>* partial = ws.partial + (w.sample * p.splits + w.split) * p.channels;
-  if constexpr (kLayout == Layout::kNhwc) {
-    const int outputs = p.cols * kVec;
-    for (int o = threadIdx.x; o < outputs; o += threads) {
-      const int64_t c = w.chunk * outputs + o;
-      if (c >= p.channels) continue;
-      Pair<Acc> s{Acc(0), Acc(0)};
-      for (int r = 0; r < p.rows; ++r) s.a += shared[r * outputs + o].a, s.b += shared[r * outputs + o].b;
-      partial[c] = s;
+  const int64_t partial = w.sample * p.sum_splits + w.split;  // this block's (sample, split)
+  for (int o = threadIdx.x; o < p.chunk_width; o += blockDim.x) {
+    const int64_t c = w.chunk * p.chunk_width + o;
+    Pair<Acc> s{Acc(0), Acc(0)};
+    if (c < p.channels) {
+      if constexpr (kLayout == Layout::kNhwc) {
+        for (int r = 0; r < p.rows; ++r) s = AddPairs{}(s, lane_sums[r * p.chunk_width + o]);
+      } else {
+        for (int k = 0; k < p.cols; ++k) s = AddPairs{}(s, lane_sums[o * p.cols + k]);
+      }
+      if constexpr (Pass::kChannelSums) ws.channel_sums[partial * p.channels + c] = s;
+      const Acc weight = Pass::group_weight(args, c);
+      s.a *= weight;
+      s.b *= weight;
     }
-  } else {
-    for (int r = threadIdx.x; r < p.rows; r += threads) {
-      const int64_t c = w.chunk * p.rows + r;
-      if (c >= p.channels) continue;
-      Pair<Acc> s{Acc(0), Acc(0)};
-      for (int k = 0; k < p.cols; ++k) s.a += shared[r * p.cols + k].a, s.b += shared[r * p.cols + k].b;
-      partial[c] = s;
-    }
-  }
-  // The last block of the sample to get here folds it.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last_block = atomicAdd(ws.counters + w.sample, 1u) == static_cast<unsigned>(p.blocks_per_sample - 1);
+    chunk_sums[o] = s;
   }
   __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  finish<T>(args, p, ws, w.sample);
+  // Per group slot: the sum of its channels in this chunk (a slot past the chunk's groups gets 0s,
+  // which no fold reads).
+  const int64_t first = first_group(p, w.chunk);
+  const int64_t chunk_begin = w.chunk * p.chunk_width;
+  const int64_t chunk_end = std::min(p.channels, chunk_begin + p.chunk_width);
+  const auto channels_of = [&](int slot, int64_t* begin) {
+    const int64_t g = first + slot;
+    *begin = std::max(g * p.per_group, chunk_begin);
+    return std::max<int64_t>(0, std::min((g + 1) * p.per_group, chunk_end) - *begin);
+  };
+  Pair<Acc>* out = ws.group_sums + (partial * p.chunks + w.chunk) * p.slots;
+  team_fold<Acc>(
+      p.slots,
+      [&](int slot) {
+        int64_t begin;
+        return channels_of(slot, &begin);
+      },
+      [&](int slot, int64_t t) {
+        int64_t begin;
+        channels_of(slot, &begin);
+        return chunk_sums[begin - chunk_begin + t];
+      },
+      [&](int slot, const Pair<Acc>& sum) { out[slot] = sum; });
 }
 
 // The output of Pass over the block's tile; blocks walk the tiles last-read-first.
 template <class T, int kVec, Layout kLayout, class Pass, class Args>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) apply_kernel(Args args, Plan p, T* out) {
+__global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) apply_kernel(Args args, Plan p, T* out) {
   using Acc = acc_type<T>;
+  extern __shared__ unsigned char shared_bytes[];
+  Pair<Acc>* slot_table = reinterpret_cast<Pair<Acc>*>(shared_bytes);  // [slots]
   const Workspace<Acc> ws = carve<Acc>(args.workspace, p);
-  const Walk<kVec> w = walk_of<kLayout, kVec>(p, gridDim.x - 1 - blockIdx.x);
+  const int64_t block = gridDim.x - 1 - blockIdx.x;
+  const Walk<kVec> w = walk_of<kLayout, kVec>(p, block);
+  // Launched before the sums pass has finished (dependent launch): wait for its sums, then fold them.
+  cuda::wait_for_prerequisite_grid();
+  group_coefficients<T>(args, p, ws, w, slot_table);
+  __syncthreads();
   Pass pass;
-  pass.prepare(args, p, ws, w);
+  pass.prepare(args, p, slot_table, w);
   const T* dy = nullptr;
   if constexpr (Pass::kReadsDy) dy = static_cast<const T*>(args.dy);
   for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, static_cast<const T*>(args.x), dy, [&](int j, const auto& xs, const auto& dys) {
@@ -519,38 +600,52 @@ int vector_width_for(const Shape& shape, std::initializer_list<const void*> poin
 }
 
 // The launch over `shape` in packs of `vec`, for a kernel of which `blocks_per_sm` blocks are
-// resident per SM.
-Plan plan_for(const Shape& shape, int vec, const Cuda& device, int blocks_per_sm) {
+// resident per SM, with at most `max_splits` splits (0: no cap) unless fewer leave SMs idle.
+Plan plan_for(const Shape& shape, int vec, const Cuda& device, int blocks_per_sm, int64_t max_splits = 0) {
   Plan p{};
   p.samples = shape.samples, p.channels = shape.channels, p.groups = shape.groups, p.spatial = shape.spatial;
   p.per_group = shape.channels / shape.groups;
   int64_t span;  // the spatial axis in the units a thread steps along
   if (shape.layout == Layout::kNhwc) {
-    const cuda::BlockTile tile = cuda::block_tile(shape.channels / vec, kThreads);
+    const int64_t packs = shape.channels / vec;
+    const int64_t narrowest = (packs + kMaxCols - 1) / kMaxCols;  // chunks of at most kMaxCols packs
+    const cuda::BlockTile tile = cuda::block_tile((packs + narrowest - 1) / narrowest, kThreads);
     p.cols = tile.cols, p.rows = tile.rows;
-    p.chunks = static_cast<int>((shape.channels / vec + p.cols - 1) / p.cols);
+    p.chunks = static_cast<int>((packs + p.cols - 1) / p.cols);
+    p.chunk_width = static_cast<int64_t>(p.cols) * vec;
     span = shape.spatial;
   } else {
     const int64_t packs = shape.spatial / vec;
     p.cols = static_cast<int>(std::min<int64_t>(std::max<int64_t>(packs, 1), kNchwLanes));
     p.rows = static_cast<int>(std::min<int64_t>(kThreads / p.cols, shape.channels));
     p.chunks = static_cast<int>((shape.channels + p.rows - 1) / p.rows);
+    p.chunk_width = p.rows;
     span = packs;
   }
+  p.threads = cuda::whole_warps(p.cols * p.rows);
+  // A chunk of W channels touches at most (W - 1) / per_group + 2 groups.
+  p.slots = static_cast<int>(std::min<int64_t>(shape.groups, (p.chunk_width - 1) / p.per_group + 2));
   // Splits of S: as many blocks as fit one wave, but each thread at least a forward unroll of packs.
   const int per_row = shape.layout == Layout::kNhwc ? p.rows : p.cols;
-  const int64_t wave = static_cast<int64_t>(cuda::sm_count(device.device)) * blocks_per_sm;
-  const int64_t wanted = wave / (shape.samples * p.chunks);
-  const int64_t most = std::max<int64_t>(1, span / (static_cast<int64_t>(per_row) * kForwardUnroll));
-  p.splits = static_cast<int>(std::max<int64_t>(1, std::min(wanted, most)));
+  const int64_t sms = cuda::sm_count(device.device);
+  const int64_t wanted = sms * blocks_per_sm / (shape.samples * p.chunks);
+  const int64_t most = std::max<int64_t>(1, span / (static_cast<int64_t>(per_row) * kForwardSumsUnroll));
+  int64_t splits = std::min(wanted, most);
+  if (max_splits > 0) {
+    const int64_t fill = (sms + shape.samples * p.chunks - 1) / (shape.samples * p.chunks);
+    splits = std::min(splits, std::max(max_splits, fill));
+  }
+  p.splits = static_cast<int>(std::max<int64_t>(1, splits));
   p.split_len = (span + p.splits - 1) / p.splits;
   p.splits = static_cast<int>((span + p.split_len - 1) / p.split_len);  // no empty split
   p.blocks_per_sample = static_cast<int64_t>(p.splits) * p.chunks;
+  p.sum_splits = p.splits;
   return p;
 }
 
-size_t shared_bytes_for(const Plan& p, int vec, int64_t acc_bytes) {
-  return static_cast<size_t>(p.cols) * p.rows * vec * 2 * acc_bytes;
+// The backward's split cap: its per-channel sums (C pairs a split) under 1/kChannelSumsShare of x.
+int64_t channel_sums_split_cap(const Shape& shape, int64_t element_bytes, int64_t acc_bytes) {
+  return std::max<int64_t>(1, shape.spatial * element_bytes / (2 * acc_bytes * kChannelSumsShare));
 }
 
 // sums then apply, over the plan's grid; `pointers` are the data the vector path needs aligned.
@@ -561,22 +656,26 @@ void run(const Cuda& device, const Args& args, T* out, std::initializer_list<con
   const Shape& shape = args.shape;
   const int vec = vector_width_for<kVec>(shape, pointers);
   const cudaStream_t stream = cuda::stream(device);
+  const int64_t max_splits = Sums<T, 1, Layout::kNhwc>::kChannelSums
+                                 ? channel_sums_split_cap(shape, sizeof(T), sizeof(Acc))
+                                 : 0;
   const auto launch = [&](auto layout, auto width) {
     constexpr Layout kLayout = decltype(layout)::value;
     constexpr int kWidth = decltype(width)::value;
     const auto sums = sums_kernel<T, kWidth, kLayout, Sums<T, kWidth, kLayout>, Args>;
     const auto apply = apply_kernel<T, kWidth, kLayout, Apply<T, kWidth>, Args>;
     const Plan any = plan_for(shape, kWidth, device, 1);  // the block shape: the same for every grid
-    const int threads = any.cols * any.rows;
-    const size_t shared = shared_bytes_for(any, kWidth, sizeof(Acc));
+    const size_t sums_shared = sizeof(Pair<Acc>) * (static_cast<size_t>(any.threads) * kWidth + any.chunk_width);
+    const size_t apply_shared = sizeof(Pair<Acc>) * any.slots;
     const Plan sum_plan = plan_for(shape, kWidth, device, cuda::resident_blocks_per_sm(
-                                                              reinterpret_cast<const void*>(sums), threads, shared, device.device));
-    const Plan apply_plan = plan_for(shape, kWidth, device, cuda::resident_blocks_per_sm(
-                                                                reinterpret_cast<const void*>(apply), threads, 0, device.device));
-    const Workspace<Acc> ws = carve<Acc>(args.workspace, sum_plan);
-    cuda::check(cudaMemsetAsync(ws.counters, 0, sizeof(unsigned) * (shape.samples + 1), stream), op);
-    sums<<<static_cast<unsigned>(shape.samples * sum_plan.blocks_per_sample), threads, shared, stream>>>(args, sum_plan);
-    apply<<<static_cast<unsigned>(shape.samples * apply_plan.blocks_per_sample), threads, 0, stream>>>(args, apply_plan, out);
+        reinterpret_cast<const void*>(sums), any.threads, sums_shared, device.device), max_splits);
+    Plan apply_plan = plan_for(shape, kWidth, device, cuda::resident_blocks_per_sm(
+        reinterpret_cast<const void*>(apply), any.threads, apply_shared, device.device));
+    apply_plan.sum_splits = sum_plan.splits;
+    sums<<<static_cast<unsigned>(shape.samples * sum_plan.blocks_per_sample), any.threads, sums_shared, stream>>>(
+        args, sum_plan);
+    cuda::launch_dependent(device, apply, dim3(static_cast<unsigned>(shape.samples * apply_plan.blocks_per_sample)),
+                           dim3(any.threads), apply_shared, stream, args, apply_plan, out);
   };
   const auto with_layout = [&](auto layout) {
     if (vec == kVec) {
@@ -607,10 +706,10 @@ int64_t workspace_bytes(const Cuda& device, const Shape& shape, Dtype dtype) {
     // The plan's vector width depends on the pointers' alignment: room for either.
     for (const int vec : {vector_width<T>(), 1}) {
       if (shape.layout == Layout::kNhwc ? shape.channels % vec : shape.spatial % vec) continue;
-      // As many blocks resident as the SM has threads for: an upper bound of the sums grid's
-      // residency, so of its splits.
+      // As many blocks resident as the SM has threads for, and no split cap: an upper bound of
+      // either direction's sums grid, so of its splits.
       const Plan any = plan_for(shape, vec, device, 1);
-      const int most_resident = std::max(1, kMaxThreadsPerSm / (any.cols * any.rows));
+      const int most_resident = std::max(1, kMaxThreadsPerSm / any.threads);
       bytes = std::max(bytes, carved_bytes<acc_type<T>>(plan_for(shape, vec, device, most_resident)));
     }
   });

@@ -196,8 +196,8 @@ def test_opcheck(device, memory_format):
     opcheck(torch.ops.apex.group_norm_backward, (torch.randn_like(y), x.detach(), mean, rstd, 4, weight, bias, True))
 
 
-# CUDA: shapes that span many rounds of the persistent kernel (each round ~6 MB of samples), one
-# sample larger than a round, rows wider than a block (C > 4096 16-bit), and unvectorizable C.
+# CUDA: large and long samples, rows wider than a block (C > 4096 16-bit), unvectorizable C, and the
+# ways a group meets the kernels' chunks of channels (at most 32 packs: 256 16-bit channels).
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,groups,memory_format", [
     ((64, 320, 32, 32), 32, torch.channels_last),
@@ -213,6 +213,14 @@ def test_opcheck(device, memory_format):
     ((300, 64, 4, 4), 8, torch.channels_last),
     ((1, 4, 512, 1024), 2, torch.contiguous_format),
     ((1, 6, 300, 700), 3, torch.channels_last),
+    # groups straddling chunk boundaries (40 and 20 channels a group over chunks of 256 and 216), with
+    # a short spatial axis (the backward caps its splits to keep its per-channel sums small)
+    ((16, 1280, 16, 16), 32, torch.channels_last),
+    ((8, 640, 8, 8), 32, torch.channels_last),
+    # one group across every chunk; one channel a group (a chunk touches 256 groups)
+    ((4, 640, 8, 8), 1, torch.channels_last),
+    ((2, 512, 9, 5), 512, torch.channels_last),
+    ((2, 512, 9, 5), 512, torch.contiguous_format),
 ])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_large_shapes_on_gpu(shape, groups, memory_format, dtype):
