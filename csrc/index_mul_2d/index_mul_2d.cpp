@@ -1,5 +1,6 @@
 // index_mul_2d: the ops (schema, checks, outputs, autograd to second order), each declared once.
 #include "apex/autograd.h"
+#include "apex/torch_scratch.h"
 #include "index_mul_2d.h"
 
 namespace apex::index_mul_2d {
@@ -34,8 +35,8 @@ void check_like(const at::Tensor& t, const at::Tensor& like, const char* op, con
   check_same_device(t, like, op, what, like_what);
 }
 
-// Runs a pass with everything contiguous; grad_in1 (when given) receives the scattered sums,
-// accumulated in float (double for float64) and converted once.
+// Runs a pass with everything contiguous; grad_in1 (when given) is zeroed here and receives the
+// scattered sums (rows no index names stay zero).
 template <class Device>
 void run(Pass pass, Dtype dtype, const at::Tensor& in1, const at::Tensor& in2, const at::Tensor& idx1,
          const at::Tensor& grad_out, const std::optional<at::Tensor>& gg1, const std::optional<at::Tensor>& gg2,
@@ -45,18 +46,15 @@ void run(Pass pass, Dtype dtype, const at::Tensor& in1, const at::Tensor& in2, c
     const at::Tensor g = grad_out.defined() ? grad_out.contiguous() : grad_out;
     const at::Tensor g1 = gg1 && gg1->defined() ? gg1->contiguous() : at::Tensor();
     const at::Tensor g2 = gg2 && gg2->defined() ? gg2->contiguous() : at::Tensor();
-    at::Tensor accumulator;
-    if (grad_in1 != nullptr) {
-      const at::ScalarType acc_type = statistics_dtype(in1.scalar_type());
-      accumulator = acc_type == in1.scalar_type() ? grad_in1->zero_() : at::zeros(in1.sizes(), in1.options().dtype(acc_type));
-    }
+    if (grad_in1 != nullptr) grad_in1->zero_();
     const auto pointer = [](const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; };
+    at::Tensor scratch;
     index_mul(device, pass,
               Args{in2.size(0), in1.size(0), in1.size(1), dtype, index.const_data_ptr<int64_t>(), x1.const_data_ptr(),
                    x2.const_data_ptr(), pointer(g), pointer(g1), pointer(g2), out.mutable_data_ptr(),
                    out2 != nullptr ? out2->mutable_data_ptr() : nullptr,
-                   accumulator.defined() ? accumulator.mutable_data_ptr() : nullptr});
-    if (accumulator.defined() && !accumulator.is_same(*grad_in1)) grad_in1->copy_(accumulator);
+                   grad_in1 != nullptr ? grad_in1->mutable_data_ptr() : nullptr},
+              torch_scratch(in1, scratch));
   });
 }
 

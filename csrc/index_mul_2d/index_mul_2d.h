@@ -9,8 +9,12 @@
 //                     grad_in2[r]    = gg1[s] * grad_out[r];        grad_in1[s] += gg2[r] * grad_out[r]
 // An index outside [-sources, sources) makes its row's outputs NaN and adds nothing to grad_in1
 // (checking it on the host would need a device sync).
+//
+// grad_in1's sums are taken in float (double for float64 data) and rounded once, in an order that
+// depends only on the index (and, on CUDA, on the GPU model): the same bits every run.
 #include "apex/device.h"
 #include "apex/dtype.h"
+#include "apex/scratch.h"
 
 namespace apex::index_mul_2d {
 
@@ -29,11 +33,13 @@ struct Args {
   const void* grad_grad_in2;    // [rows, features] or null (zero): double backward
   void* out;                    // forward: out; backward: grad_in2; double backward: grad_grad_out
   void* out2;                   // double backward: grad_in2
-  void* grad_in1;               // backward passes: zeroed [sources, features] of float (double for
-                                // float64 data) that the pass adds into
+  void* grad_in1;               // backward passes: [sources, features], zeroed by the caller; the pass
+                                // writes the sums of the rows that index each source into it
 };
 
-void index_mul(const Cpu&, Pass pass, const Args& args);   // index_mul_2d_cpu.cpp
-void index_mul(const Cuda&, Pass pass, const Args& args);  // index_mul_2d_cuda.cu
+// `scratch` gives the working memory a pass needs (the CPU's float accumulator of 16-bit data, the
+// GPU's sorted index and partial sums).
+void index_mul(const Cpu&, Pass pass, const Args& args, const Scratch& scratch);   // index_mul_2d_cpu.cpp
+void index_mul(const Cuda&, Pass pass, const Args& args, const Scratch& scratch);  // index_mul_2d_cuda.cu
 
 }  // namespace apex::index_mul_2d

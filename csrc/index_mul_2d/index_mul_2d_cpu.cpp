@@ -1,7 +1,7 @@
 // index_mul_2d: CPU kernels. Row-wise outputs: rows split over torch's threads, each row's
 // features converted to Acc once and multiplied with ATen's Vectorized. The scatter into grad_in1:
 // features split over threads, rows in order, so no two threads add into one value (no races, and
-// the same sums every run).
+// the same sums every run), in Acc (a scratch accumulator for 16-bit data) rounded once.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -96,20 +96,18 @@ void row_outputs(Pass pass, const Args& args) {
   });
 }
 
-// grad_in1[source(r)] += x[r] * y[r] over every row r with a valid index.
-template <class T>
-void scatter_products(const Args& args, const void* x_base, const void* y_base) {
-  using Acc = acc_type<T>;
+// grad_in1[source(r)] += x[r] * y[r] over every row r with a valid index, into `sums` (zeroed).
+template <class T, class Acc = acc_type<T>>
+void scatter_products(const Args& args, const void* x_base, const void* y_base, Acc* sums) {
   const int64_t n = args.features;
   const T* x = static_cast<const T*>(x_base);
   const T* y = static_cast<const T*>(y_base);
-  Acc* grad_in1 = static_cast<Acc*>(args.grad_in1);
   at::parallel_for(0, n, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(args.rows, 1)),
                    [&](int64_t begin, int64_t end) {
                      for (int64_t row = 0; row < args.rows; ++row) {
                        const int64_t source = source_of(args, row);
                        if (source < 0) continue;
-                       Acc* into = grad_in1 + source * n;
+                       Acc* into = sums + source * n;
                        const T* xr = x + row * n;
                        const T* yr = y + row * n;
                        for (int64_t f = begin; f < end; ++f) {
@@ -119,16 +117,35 @@ void scatter_products(const Args& args, const void* x_base, const void* y_base) 
                    });
 }
 
+// grad_in1 (zeroed) = the scattered products, summed in Acc: in place when T is Acc, else in a
+// zeroed scratch accumulator rounded into grad_in1 once.
+template <class T>
+void scatter_into_grad_in1(const Args& args, const void* x, const void* y, const Scratch& scratch) {
+  using Acc = acc_type<T>;
+  T* grad_in1 = static_cast<T*>(args.grad_in1);
+  if constexpr (std::is_same_v<T, Acc>) {
+    scatter_products<T>(args, x, y, grad_in1);
+  } else {
+    const int64_t count = args.sources * args.features;
+    Acc* sums = static_cast<Acc*>(scratch(static_cast<size_t>(count) * sizeof(Acc)));
+    std::fill(sums, sums + count, Acc(0));
+    scatter_products<T>(args, x, y, sums);
+    at::parallel_for(0, count, kGrainElements, [&](int64_t begin, int64_t end) {
+      at::vec::convert(sums + begin, grad_in1 + begin, end - begin);
+    });
+  }
+}
+
 }  // namespace
 
-void index_mul(const Cpu&, Pass pass, const Args& args) {
+void index_mul(const Cpu&, Pass pass, const Args& args, const Scratch& scratch) {
   if (args.rows == 0 || args.features == 0) return;
   dispatch_floating(args.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     row_outputs<T>(pass, args);
-    if (pass == Pass::kBackward) scatter_products<T>(args, args.grad_out, args.in2);
+    if (pass == Pass::kBackward) scatter_into_grad_in1<T>(args, args.grad_out, args.in2, scratch);
     if (pass == Pass::kDoubleBackward && args.grad_grad_in2 != nullptr) {
-      scatter_products<T>(args, args.grad_grad_in2, args.grad_out);
+      scatter_into_grad_in1<T>(args, args.grad_grad_in2, args.grad_out, scratch);
     }
   });
 }

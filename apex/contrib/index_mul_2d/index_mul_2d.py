@@ -20,6 +20,7 @@ def index_mul_2d(in1: torch.Tensor, in2: torch.Tensor, idx1: torch.Tensor) -> to
 
     Returns:
         ``[rows, features]`` of in2's dtype. in1's gradient is accumulated in float32 (float64 for
-        float64) and rounded once.
+        float64) and rounded once, without atomics: the same bits on every run (on CUDA the order
+        of the sums also depends on the GPU model, through the kernel's launch shape).
     """
     return ops("fused_index_mul_2d").index_mul_2d(in1, in2, idx1)

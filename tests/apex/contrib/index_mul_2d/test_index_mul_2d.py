@@ -164,3 +164,167 @@ def test_opcheck(device):
     opcheck(torch.ops.apex.index_mul_2d_backward, (grad_out, in1.detach(), in2.detach(), idx))
     opcheck(torch.ops.apex.index_mul_2d_backward_backward,
             (torch.randn_like(in1), None, grad_out, in1.detach(), in2.detach(), idx))
+
+
+# ---- the backward passes' scatter into grad_in1 (on CUDA: a sort by source, then a walk over the
+# sorted rows in fixed ranges whose partial sums are joined across range boundaries) -----------------
+
+def index_pattern(pattern, sources, rows):
+    """Indices that exercise the sorted walk: sources crossing many ranges, sources with no rows,
+    rows already in order, invalid indices among valid ones."""
+    generator = torch.Generator().manual_seed(rows + sources)
+    if pattern == "random":
+        return torch.randint(0, sources, (rows,), generator=generator)
+    if pattern == "sorted":
+        return torch.randint(0, sources, (rows,), generator=generator).sort().values
+    if pattern == "descending":
+        return torch.randint(0, sources, (rows,), generator=generator).sort(descending=True).values
+    if pattern == "one_source":  # every row into one source: it spans every range of the walk
+        return torch.full((rows,), sources // 2)
+    if pattern == "hub_and_rest":  # half the rows into source 0, negative indices among the rest
+        idx = torch.randint(-sources, sources, (rows,), generator=generator)
+        idx[torch.randperm(rows, generator=generator)[: rows // 2]] = 0
+        return idx
+    if pattern == "few_sources":  # most sources get no row: their grad_in1 rows stay zero
+        return torch.tensor([1, sources - 1, 3])[torch.randint(0, 3, (rows,), generator=generator)]
+    if pattern == "with_invalid":  # out of range both ways: NaN rows, nothing added
+        idx = torch.randint(0, sources, (rows,), generator=generator)
+        idx[::7] = sources + 3
+        idx[3::11] = -sources - 1
+        return idx
+    raise ValueError(pattern)
+
+
+def expected_backward(in1, in2, idx, grad_out, gg1=None, gg2=None):
+    """(grad_in1, grad_in2) of the backward, or (grad_grad_out, grad_in1, grad_in2) of the double
+    backward when gg1 / gg2 are given (None: zero), in float64; invalid indices give NaN rows."""
+    sources = in1.shape[0]
+    valid = (idx >= -sources) & (idx < sources)
+    source = torch.where(valid, idx % max(sources, 1), 0)
+    a, b, g = in1.double(), in2.double(), grad_out.double()
+    nan_rows = (~valid).unsqueeze(1)
+
+    def gathered(t):
+        return t[source] if sources else torch.zeros_like(b)
+
+    def scattered(t):
+        return torch.zeros_like(a).index_add_(0, source[valid], t[valid])
+
+    if gg1 is None and gg2 is None:
+        return scattered(g * b), (g * gathered(a)).masked_fill(nan_rows, float("nan"))
+    h1 = gg1.double() if gg1 is not None else torch.zeros_like(a)
+    h2 = gg2.double() if gg2 is not None else torch.zeros_like(b)
+    grad_grad_out = (gathered(h1) * b + gathered(a) * h2).masked_fill(nan_rows, float("nan"))
+    return grad_grad_out, scattered(h2 * g), (gathered(h1) * g).masked_fill(nan_rows, float("nan"))
+
+
+def assert_close_nan(actual, expected, dtype, scale=1.0):
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(actual.double(), expected, rtol=rtol, atol=atol * scale, equal_nan=True)
+
+
+PATTERNS = ["random", "sorted", "descending", "one_source", "hub_and_rest", "few_sources", "with_invalid"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("sources,rows,features", [(50, 3000, 64), (700, 2500, 5)])
+def test_backward_index_patterns(device, dtype, pattern, sources, rows, features):
+    in1, in2, _ = make(sources, rows, features, dtype, device)
+    idx = index_pattern(pattern, sources, rows).to(device)
+    grad_out = torch.randn(rows, features, dtype=torch.float64).to(dtype).to(device)
+    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
+    expected_in1, expected_in2 = expected_backward(in1, in2, idx, grad_out)
+    assert grad_in1.dtype == dtype and grad_in2.dtype == dtype
+    repeats = float(torch.bincount(idx.cpu() % sources, minlength=sources).max())
+    assert_close_nan(grad_in1, expected_in1, dtype, scale=repeats ** 0.5)
+    assert_close_nan(grad_in2, expected_in2, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("which", ["both", "gg1", "gg2"])
+@pytest.mark.parametrize("pattern", ["random", "one_source", "with_invalid"])
+def test_double_backward_index_patterns(device, dtype, which, pattern):
+    sources, rows, features = 40, 2000, 24
+    in1, in2, _ = make(sources, rows, features, dtype, device)
+    idx = index_pattern(pattern, sources, rows).to(device)
+    grad_out = torch.randn_like(in2)
+    gg1 = torch.randn_like(in1) if which in ("both", "gg1") else None
+    gg2 = torch.randn_like(in2) if which in ("both", "gg2") else None
+    outputs = torch.ops.apex.index_mul_2d_backward_backward(gg1, gg2, grad_out, in1, in2, idx)
+    repeats = float(torch.bincount(idx.cpu() % sources, minlength=sources).max())
+    for actual, expected, scale in zip(outputs, expected_backward(in1, in2, idx, grad_out, gg1, gg2),
+                                       (2.0, repeats ** 0.5, 1.0)):
+        assert_close_nan(actual, expected, dtype, scale=scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,features", [(torch.float32, 600), (torch.bfloat16, 300), (torch.float16, 1),
+                                            (torch.bfloat16, 8)])
+def test_backward_row_widths(device, dtype, features):
+    # Rows of more 16-byte packs than a warp has lanes (each lane walks several), rows that are not
+    # a whole number of packs (element-wise path), a row of one element, a row of exactly one pack.
+    in1, in2, _ = make(30, 900, features, dtype, device)
+    idx = index_pattern("hub_and_rest", 30, 900).to(device)
+    grad_out = torch.randn_like(in2)
+    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
+    expected_in1, expected_in2 = expected_backward(in1, in2, idx, grad_out)
+    assert_close_nan(grad_in1, expected_in1, dtype, scale=30.0)
+    assert_close_nan(grad_in2, expected_in2, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_many_rows(device):
+    # More ranges than the GPU holds warps at once (each block walks several), sources of ~300 rows.
+    in1, in2, _ = make(1000, 300_000, 8, torch.float32, device)
+    idx = index_pattern("random", 1000, 300_000).to(device)
+    grad_out = torch.randn_like(in2)
+    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
+    expected_in1, expected_in2 = expected_backward(in1, in2, idx, grad_out)
+    assert_close_nan(grad_in1, expected_in1, torch.float32, scale=20.0)
+    assert_close_nan(grad_in2, expected_in2, torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_non_contiguous_inputs(device):
+    in1, in2, _ = make(20, 500, 16, torch.bfloat16, device)
+    idx = index_pattern("hub_and_rest", 20, 1000).to(device)[::2]
+    grad_out = torch.randn(16, 500, dtype=torch.bfloat16, device=device).t()
+    wide1 = torch.randn(20, 32, dtype=torch.bfloat16, device=device)[:, ::2].copy_(in1)
+    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, wide1, in2, idx)
+    expected_in1, expected_in2 = expected_backward(in1, in2, idx, grad_out)
+    assert_close_nan(grad_in1, expected_in1, torch.bfloat16, scale=30.0)
+    assert_close_nan(grad_in2, expected_in2, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_no_rows_or_no_sources(device):
+    in1, in2, idx = make(6, 0, 8, torch.bfloat16, device)
+    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(torch.empty_like(in2), in1, in2, idx)
+    assert grad_in2.shape == (0, 8) and grad_in1.shape == (6, 8) and (grad_in1 == 0).all()
+    # No sources: every index is out of range.
+    in1 = torch.empty(0, 8, dtype=torch.float32, device=device)
+    in2 = torch.randn(5, 8, device=device)
+    idx = torch.tensor([0, 1, -1, 2, 0], device=device)
+    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(torch.randn_like(in2), in1, in2, idx)
+    assert grad_in1.shape == (0, 8) and grad_in2.isnan().all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_is_deterministic(device, dtype):
+    # Many rows per source (each crossing several of the walk's ranges): the sums come out in the
+    # same order, so to the same bits, every run.
+    in1, in2, _ = make(64, 200_000, 32, dtype, device)
+    idx = index_pattern("random", 64, 200_000).to(device)
+    grad_out = torch.randn_like(in2)
+    first = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
+    for _ in range(3):
+        again = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    gg2 = torch.randn_like(in2)
+    first = torch.ops.apex.index_mul_2d_backward_backward(None, gg2, grad_out, in1, in2, idx)
+    again = torch.ops.apex.index_mul_2d_backward_backward(None, gg2, grad_out, in1, in2, idx)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
