@@ -223,6 +223,16 @@ def assert_close_nan(actual, expected, dtype, scale=1.0):
     torch.testing.assert_close(actual.double(), expected, rtol=rtol, atol=atol * scale, equal_nan=True)
 
 
+def check_backward(grad_out, in1, in2, idx, dtype, in1_scale, reference_in1=None):
+    """The backward op against expected_backward (of reference_in1: in1's values when in1 is a
+    strided copy); grad_in1's tolerance scaled by in1_scale (it sums that many rows' products)."""
+    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
+    expected_in1, expected_in2 = expected_backward(in1 if reference_in1 is None else reference_in1, in2, idx, grad_out)
+    assert grad_in1.dtype == in1.dtype and grad_in2.dtype == in2.dtype
+    assert_close_nan(grad_in1, expected_in1, dtype, scale=in1_scale)
+    assert_close_nan(grad_in2, expected_in2, dtype)
+
+
 PATTERNS = ["random", "sorted", "descending", "one_source", "hub_and_rest", "few_sources", "with_invalid"]
 
 
@@ -234,12 +244,8 @@ def test_backward_index_patterns(device, dtype, pattern, sources, rows, features
     in1, in2, _ = make(sources, rows, features, dtype, device)
     idx = index_pattern(pattern, sources, rows).to(device)
     grad_out = torch.randn(rows, features, dtype=torch.float64).to(dtype).to(device)
-    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
-    expected_in1, expected_in2 = expected_backward(in1, in2, idx, grad_out)
-    assert grad_in1.dtype == dtype and grad_in2.dtype == dtype
     repeats = float(torch.bincount(idx.cpu() % sources, minlength=sources).max())
-    assert_close_nan(grad_in1, expected_in1, dtype, scale=repeats ** 0.5)
-    assert_close_nan(grad_in2, expected_in2, dtype)
+    check_backward(grad_out, in1, in2, idx, dtype, repeats ** 0.5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -268,11 +274,7 @@ def test_backward_row_widths(device, dtype, features):
     # a whole number of packs (element-wise path), a row of one element, a row of exactly one pack.
     in1, in2, _ = make(30, 900, features, dtype, device)
     idx = index_pattern("hub_and_rest", 30, 900).to(device)
-    grad_out = torch.randn_like(in2)
-    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
-    expected_in1, expected_in2 = expected_backward(in1, in2, idx, grad_out)
-    assert_close_nan(grad_in1, expected_in1, dtype, scale=30.0)
-    assert_close_nan(grad_in2, expected_in2, dtype)
+    check_backward(torch.randn_like(in2), in1, in2, idx, dtype, 30.0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -280,11 +282,7 @@ def test_backward_many_rows(device):
     # More ranges than the GPU holds warps at once (each block walks several), sources of ~300 rows.
     in1, in2, _ = make(1000, 300_000, 8, torch.float32, device)
     idx = index_pattern("random", 1000, 300_000).to(device)
-    grad_out = torch.randn_like(in2)
-    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
-    expected_in1, expected_in2 = expected_backward(in1, in2, idx, grad_out)
-    assert_close_nan(grad_in1, expected_in1, torch.float32, scale=20.0)
-    assert_close_nan(grad_in2, expected_in2, torch.float32)
+    check_backward(torch.randn_like(in2), in1, in2, idx, torch.float32, 20.0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -293,10 +291,7 @@ def test_backward_non_contiguous_inputs(device):
     idx = index_pattern("hub_and_rest", 20, 1000).to(device)[::2]
     grad_out = torch.randn(16, 500, dtype=torch.bfloat16, device=device).t()
     wide1 = torch.randn(20, 32, dtype=torch.bfloat16, device=device)[:, ::2].copy_(in1)
-    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, wide1, in2, idx)
-    expected_in1, expected_in2 = expected_backward(in1, in2, idx, grad_out)
-    assert_close_nan(grad_in1, expected_in1, torch.bfloat16, scale=30.0)
-    assert_close_nan(grad_in2, expected_in2, torch.bfloat16)
+    check_backward(grad_out, wide1, in2, idx, torch.bfloat16, 30.0, reference_in1=in1)
 
 
 @pytest.mark.parametrize("device", DEVICES)
