@@ -1,13 +1,17 @@
-"""One op build, in a process of its own: `python _build_child.py <spec.json> <lifeline fd>`.
+"""One op build, in a process of its own: `python _build_child.py <spec.json> <lifeline fd>`; or,
+when the spec names a "header", the precompiled header that op builds share (precompiled_cache.py).
 
 Started by compiler.py in a new session. Out of process so that (1) the compiler output can be
 captured whole into the log, (2) loading the fresh library to check that it loads does not
 register its ops in the parent, which loads the published copy instead, and (3) the build can be
 ended as a whole. Imports only torch: it is run as a script, not as part of the package.
 """
+import inspect
 import json
 import os
+import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -63,12 +67,48 @@ def build(spec: dict) -> None:
          is_python_module=False)
 
 
+def precompile(spec: dict) -> None:
+    """Compile spec's header into spec's .gch with the compiler and the flags torch's extension
+    builder gives each C++ unit of an op (GCC uses a .gch only where they match), less
+    TORCH_EXTENSION_NAME, which differs per op, then spec's own flags (the op's, as in a build)."""
+    cxx, torch_flags = torch_cxx_command(spec["build_dir"])
+    command = [*cxx, *torch_flags, *spec["cxx_flags"], "-x", "c++-header", spec["header"], "-o", spec["output"]]
+    print(shlex.join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def torch_cxx_command(scratch: str):
+    """(compiler, flags) of a C++ unit as torch's extension builder writes them into its build.ninja,
+    read from one it writes for a probe. The writer is private to torch, so what it takes is
+    checked: a torch that changed it gets no precompiled header (and says why), never a wrong one."""
+    from torch.utils import cpp_extension
+
+    ninja_file = os.path.join(scratch, "probe.ninja")
+    arguments = dict(path=ninja_file, name="apex_probe", sources=[os.path.join(scratch, "probe.cpp")],
+                     extra_cflags=[], extra_cuda_cflags=[], extra_sycl_cflags=[], extra_ldflags=[],
+                     extra_include_paths=[], with_cuda=False, with_sycl=False, is_standalone=False)
+    try:
+        writer = cpp_extension._write_ninja_file_to_build_library
+        accepted = inspect.signature(writer).parameters
+        writer(**{name: value for name, value in arguments.items() if name in accepted})
+        with open(ninja_file) as written:
+            variables = dict(line.split(" = ", 1) for line in written.read().splitlines()
+                             if " = " in line and not line.startswith(" "))
+        os.unlink(ninja_file)
+        cxx, cflags = shlex.split(variables["cxx"]), shlex.split(variables["cflags"])
+    except (AttributeError, TypeError, KeyError, ValueError, OSError) as error:
+        raise RuntimeError(f"this torch's extension builder does not write its compile flags as apex expects "
+                           f"({type(error).__name__}: {error}); no precompiled header") from error
+    post_cflags = shlex.split(variables.get("post_cflags", ""))
+    return cxx, [flag for flag in cflags + post_cflags if not flag.startswith("-DTORCH_EXTENSION_NAME=")]
+
+
 if __name__ == "__main__":
     die_with_parent(int(sys.argv[2]))
     with open(sys.argv[1]) as spec_file:
         build_spec = json.load(spec_file)
     try:
-        build(build_spec)
+        precompile(build_spec) if "header" in build_spec else build(build_spec)
     except Exception as error:  # the parent turns the log into an OpBuildError; this is its last line
         print(f"\n{type(error).__name__}: {' '.join(str(error).split())}", flush=True)
         sys.exit(1)

@@ -1,6 +1,7 @@
 """The per-user JIT cache: where built ops live, why it is safe to load from, what in it is apex's.
 
-Layout: <root>/<op>/<key>/{<op>.so, meta.json, build.log}
+Layout: <root>/<op>/<key>/{<op>.so, meta.json, build.log}; the precompiled torch headers that op
+builds share are entries of the same kind (precompiled_cache.py), their .gch in place of the library.
 A finished entry appears in one rename of a fully written directory, so an entry exists whole or
 not at all. A build runs in a scratch directory ".tmp-<key>-*" whose owner holds the lock on
 ".tmp-<key>-*.owner" beside it; a scratch directory whose owner lock is free belongs to a dead
@@ -138,16 +139,16 @@ def failed_log_path(op: str, key: str) -> Path:
     return op_dir(op) / f"{key}.failed.log"
 
 
-def entry_problem(entry_dir: Path, op: str) -> Optional[str]:
-    """None if ``entry_dir`` holds a complete, intact build of ``op``; "missing" if there is none;
-    else what is wrong with it (it is then rebuilt)."""
+def entry_problem(entry_dir: Path, op: str, library_file: Optional[str] = None) -> Optional[str]:
+    """None if ``entry_dir`` holds a complete, intact build of ``op`` (its ``library_file``, by
+    default ``<op>.so``); "missing" if there is none; else what is wrong with it (it is then rebuilt)."""
     if not entry_dir.is_dir():
         return "missing"
     try:
         meta = read_meta(entry_dir)
     except (OSError, ValueError):
         return "its meta.json is missing or unreadable"
-    return integrity.problem(entry_dir / f"{op}.so", meta.get("library"))
+    return integrity.problem(entry_dir / (library_file or f"{op}.so"), meta.get("library"))
 
 
 def read_meta(entry_dir: Path) -> dict:
@@ -171,14 +172,14 @@ def release_build_dir(scratch: Path, owner_fd: int) -> None:
     os.close(owner_fd)
 
 
-def publish(scratch: Path, final: Path, meta: dict) -> None:
-    """Make a finished build visible, atomically: meta.json (with the library's size and checksum)
-    written last, then one rename of the whole directory."""
+def publish(scratch: Path, final: Path, meta: dict, library_file: Optional[str] = None) -> None:
+    """Make a finished build visible, atomically: meta.json (with the size and checksum of the
+    library, ``library_file`` if not ``<op>.so``) written last, then one rename of the whole directory."""
     # Objects and ninja's dependency database go; .ninja_log stays (a few hundred bytes): the
     # compile time of each unit, which benchmarks/build/bench_compile_time.py reports.
     for leftover in [*scratch.glob("*.o"), scratch / ".ninja_deps"]:
         leftover.unlink(missing_ok=True)
-    library = scratch / f"{meta['op']}.so"
+    library = scratch / (library_file or f"{meta['op']}.so")
     meta = {"apex_cache_entry": ENTRY_FORMAT, "key": final.name, "library": integrity.record(library), **meta}
     (scratch / META).write_text(json.dumps(meta, indent=2, sort_keys=True))
     if final.exists():  # a corrupt entry being replaced

@@ -15,29 +15,77 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional, Protocol
 
-from . import notice, toolchain, unity
+from . import notice, precompiled_header, toolchain, unity
 from .cache import FAILED_LOG_HEADER
 from .errors import build_error_from_log
 from .plan import BuildPlan
+from .precompiled_header import HeaderPlan
 
 VERBOSE_ENV = "APEX_JIT_VERBOSE"
 _CHILD = Path(__file__).resolve().parent / "_build_child.py"
 
 
-def compile_library(plan: BuildPlan, build_dir: Path, failed_log: Path) -> float:
+class PrecompiledHeaders(Protocol):
+    """Where a build gets its precompiled header (precompiled_cache.py: the JIT cache, or one run's)."""
+
+    def gch_for(self, header: HeaderPlan) -> Optional[Path]:
+        """The .gch of ``header``, built first if need be; None if there is none to use."""
+
+
+def compile_library(plan: BuildPlan, build_dir: Path, failed_log: Path,
+                    headers: Optional[PrecompiledHeaders] = None) -> float:
     """Build ``plan`` into ``build_dir`` (its library: ``build_dir / plan.library_file``); return the
-    seconds it took. On failure the log is saved to ``failed_log`` and OpBuildError is raised."""
+    seconds it took. Units that include torch's dispatcher headers use the precompiled header from
+    ``headers`` (if given and usable here). On failure the log is saved to ``failed_log`` and
+    OpBuildError is raised."""
     toolchain.check(plan.op, with_cuda=plan.with_gpu)
-    spec_path = build_dir / "spec.json"
     sources = unity.group_sources(list(plan.sources), build_dir, unity.build_jobs())
-    spec_path.write_text(json.dumps(plan.child_spec(build_dir, sources), indent=2))
+    precompiled = _with_precompiled_header(plan, sources, build_dir, headers) if headers else None
     started = time.monotonic()
-    log = _run_child(plan, spec_path, build_dir / "build.log")
+    try:
+        log = _compile(plan, build_dir, *(precompiled or (sources, [])))
+        if log is not None and precompiled and precompiled_header.broke_build(log):
+            notice.say(f"apex: op '{plan.op}' did not build with the precompiled torch headers "
+                       f"({precompiled_header.broke_build(log)}); building it without them")
+            log = _compile(plan, build_dir, sources, [])
+    finally:
+        if precompiled:
+            precompiled_header.unlink(build_dir)  # a built library never points at the shared .gch
     if log is not None:
         failed_log.write_text(f"{FAILED_LOG_HEADER} of op '{plan.op}' (key {plan.key})\n{log}")
         raise build_error_from_log(plan.op, log, failed_log)
+    refused = precompiled and precompiled_header.rejection((build_dir / "build.log").read_text(errors="replace"))
+    if refused:
+        notice.say(f"apex: GCC did not use the precompiled torch headers for op '{plan.op}' ({refused}); "
+                   f"it built, parsing them instead (slower). Build log: {build_dir / 'build.log'}")
     return time.monotonic() - started
+
+
+def _with_precompiled_header(plan: BuildPlan, sources: list[Path], build_dir: Path,
+                             headers: PrecompiledHeaders) -> Optional[tuple[list[Path], list[str]]]:
+    """(sources, extra C++ flags) that compile ``plan``'s units with the precompiled header; None
+    when no unit would use one or none can be had."""
+    header = precompiled_header.plan_header(plan)
+    include_dirs = [Path(d) for d in plan.include_dirs]
+    if header is None or not precompiled_header.units_using(header, sources, include_dirs):
+        return None
+    gch = headers.gch_for(header)
+    if gch is None:
+        return None
+    # -Winvalid-pch: when GCC refuses the .gch, the build log says why.
+    return precompiled_header.use_in(header, gch, sources, build_dir, include_dirs), ["-Winvalid-pch"]
+
+
+def _compile(plan: BuildPlan, build_dir: Path, sources: list[Path], extra_cxx_flags: list[str]) -> Optional[str]:
+    """One run of the build child over ``sources``: None on success, else the build log."""
+    spec = plan.child_spec(build_dir, sources)
+    spec["cxx_flags"] += extra_cxx_flags
+    spec_path = build_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2))
+    log_path = build_dir / "build.log"
+    return None if run_child(spec_path, log_path, child_env(plan)) else log_path.read_text(errors="replace")
 
 
 def child_env(plan: BuildPlan) -> dict:
@@ -49,8 +97,9 @@ def child_env(plan: BuildPlan) -> dict:
     return env
 
 
-def _run_child(plan: BuildPlan, spec_path: Path, log_path: Path):
-    """Run the child, its output into ``log_path`` (and stderr with APEX_JIT_VERBOSE=1). None on success, else the log."""
+def run_child(spec_path: Path, log_path: Path, env: dict) -> bool:
+    """Run the build child on ``spec_path``, its output into ``log_path`` (and stderr with
+    APEX_JIT_VERBOSE=1); whether it succeeded."""
     verbose = os.environ.get(VERBOSE_ENV, "0") not in ("", "0")
     lifeline_read, lifeline_write = os.pipe()
     try:
@@ -58,7 +107,7 @@ def _run_child(plan: BuildPlan, spec_path: Path, log_path: Path):
             child = subprocess.Popen(
                 [sys.executable, str(_CHILD), str(spec_path), str(lifeline_read)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                env=child_env(plan), cwd=spec_path.parent, start_new_session=True, pass_fds=(lifeline_read,))
+                env=env, cwd=spec_path.parent, start_new_session=True, pass_fds=(lifeline_read,))
             os.close(lifeline_read)
             lifeline_read = -1
             assert child.stdout is not None
@@ -72,4 +121,4 @@ def _run_child(plan: BuildPlan, spec_path: Path, log_path: Path):
         os.close(lifeline_write)
         if lifeline_read >= 0:
             os.close(lifeline_read)
-    return None if returncode == 0 else log_path.read_text()
+    return returncode == 0

@@ -22,6 +22,7 @@ from .compiler import compile_library
 from .errors import OpNotCompatibleError, UnsafeCacheDirError
 from .lock import FileLock
 from .plan import BuildPlan, Purpose, plan_build
+from .precompiled_cache import JitHeaders
 
 # Fingerprint fields a prebuilt library may differ in from a JIT build and still serve: it was
 # built for the GPU archs of the build machine (checked separately), and for no particular CPU
@@ -114,7 +115,10 @@ def _build(builder: OpBuilder, plan: BuildPlan, entry: Path) -> None:
     try:
         notice.say(f"apex: compiling op '{plan.op}' for torch {plan.fingerprint['torch']}, {plan.target()} - "
                    f"first use, once; C++ ops take about a minute, CUDA ops a few minutes. Cache: {entry.parent}")
-        seconds = compile_library(plan, scratch, failed_log=cache.failed_log_path(plan.op, plan.key))
+        # The cache is the user's own and outlives this build: the precompiled torch headers built
+        # for it serve every later op's build too (APEX_PCH=0: none).
+        seconds = compile_library(plan, scratch, failed_log=cache.failed_log_path(plan.op, plan.key),
+                                  headers=JitHeaders(builder.source_root))
         meta = {"op": plan.op, "fingerprint": plan.fingerprint, "seconds": round(seconds, 1),
                 "built_at": time.time(), "source_root": str(builder.source_root.resolve())}
         cache.publish(scratch, entry, meta)

@@ -21,9 +21,9 @@ from pathlib import Path
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
-from . import integrity, notice, paths, toolchain
+from . import integrity, notice, paths, precompiled_cache, toolchain
 from .builder import OpBuilder
-from .compiler import compile_library
+from .compiler import PrecompiledHeaders, compile_library
 from .errors import OpBuildError
 from .plan import BuildPlan, Purpose, plan_build
 from .registry import all_builders
@@ -61,7 +61,7 @@ class BuildPrebuiltOps(build_ext):
 def prebuild(names: list[str], target: Path) -> list[Path]:
     """Build ops ``names`` into ``target``; return the files written (libraries, manifests, skipped.json)."""
     target.mkdir(parents=True, exist_ok=True)
-    written, skipped = [], {}
+    written, skipped, buildable = [], {}, []
     for name in names:
         builder = all_builders()[name]()
         plan = plan_build(builder, Purpose.PREBUILD)
@@ -69,9 +69,16 @@ def prebuild(names: list[str], target: Path) -> list[Path]:
         if reason:
             notice.to_terminal(f"apex: not prebuilding '{name}': {reason}; it will compile on first use instead")
             skipped[name] = reason
-            continue
-        notice.to_terminal(f"apex: prebuilding '{name}' ({plan.target()})")
-        written += _build_into(plan, target)
+        else:
+            buildable.append(plan)
+    headers = precompiled_cache.for_run(len(buildable))  # several ops: torch's headers precompiled once
+    try:
+        for plan in buildable:
+            notice.to_terminal(f"apex: prebuilding '{plan.op}' ({plan.target()})")
+            written += _build_into(plan, target, headers)
+    finally:
+        if headers:
+            headers.close()
     if skipped:
         (target / paths.PREBUILD_SKIPPED).write_text(json.dumps(skipped, indent=2, sort_keys=True))
         written.append(target / paths.PREBUILD_SKIPPED)
@@ -90,11 +97,11 @@ def cannot_build(builder: OpBuilder, plan: BuildPlan) -> str:
     return ""
 
 
-def _build_into(plan: BuildPlan, target: Path) -> list[Path]:
+def _build_into(plan: BuildPlan, target: Path, headers: PrecompiledHeaders | None) -> list[Path]:
     build_dir = Path(tempfile.mkdtemp(prefix=f"apex-prebuild-{plan.op}-"))
     failed_log = Path(tempfile.mkdtemp(prefix=f"apex-prebuild-{plan.op}-log-")) / "failed.log"  # kept: the error names it
     try:
-        compile_seconds = compile_library(plan, build_dir, failed_log=failed_log)
+        compile_seconds = compile_library(plan, build_dir, failed_log=failed_log, headers=headers)
         library = target / plan.library_file
         shutil.copyfile(build_dir / plan.library_file, library)
     finally:

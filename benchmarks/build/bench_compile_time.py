@@ -1,6 +1,6 @@
 """Cold JIT build time of every op (or the ones named), each in a fresh cache, one after another.
 
-    python benchmarks/build/bench_compile_time.py [OP ...] [--jobs N]
+    python benchmarks/build/bench_compile_time.py [OP ...] [--jobs N] [--pch on|off]
 
 Each op is built by a fresh Python process that imports torch and calls apex's loader with an
 empty cache, so the time is what a user waits on first use: the wall time of the build itself
@@ -9,12 +9,17 @@ GPU visible the CUDA kernels are built for the visible GPUs' archs (TORCH_CUDA_A
 overrides); without one only the C++ sources. A trivial torch extension (one C++ function through
 torch.utils.cpp_extension.load_inline) is timed the same way first: the yardstick the op builds
 are held to. Results in NOTES.md beside this file.
+
+--pch on (the default, as JIT builds do): torch's precompiled headers are built once first (their
+time on a line of its own), and each op's empty cache starts with them, as every op after a user's
+first finds them; --pch off: APEX_PCH=0, every unit parses torch's headers.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +48,21 @@ print(time.monotonic() - start)
 """
 
 
+# Precompiles the torch headers that op argv[1]'s build would use into the (empty) cache.
+PRECOMPILE = """
+import sys, time, torch
+from apex.op_builder.plan import Purpose, plan_build
+from apex.op_builder.precompiled_cache import JitHeaders
+from apex.op_builder.precompiled_header import plan_header
+from apex.op_builder.registry import builder_for
+builder = builder_for(sys.argv[1])
+header = plan_header(plan_build(builder, Purpose.JIT))
+start = time.monotonic()
+assert header is not None and JitHeaders(builder.source_root).gch_for(header) is not None, "no precompiled header"
+print(time.monotonic() - start)
+"""
+
+
 def _run(code: str, *args: str, env: dict) -> float:
     out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -67,20 +87,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ops", nargs="*", help="op names (default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="MAX_JOBS for ninja (default: all cores)")
+    parser.add_argument("--pch", choices=("on", "off"), default="on",
+                        help="on: torch's precompiled headers built once first, as after a user's first op "
+                             "(default); off: APEX_PCH=0")
     args = parser.parse_args()
     names = args.ops or list(all_builders())
-    env = dict(os.environ, MAX_JOBS=str(args.jobs), PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "compatibility")]))
+    env = dict(os.environ, MAX_JOBS=str(args.jobs), APEX_PCH="1" if args.pch == "on" else "0",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "compatibility")]))
     import torch
 
     target = "GPU " + (os.environ.get("TORCH_CUDA_ARCH_LIST") or "visible archs") if torch.cuda.is_available() else "CPU only"
-    print(f"# cold JIT builds, {os.cpu_count()} cores, MAX_JOBS={args.jobs}, {target}, torch {torch.__version__}")
+    print(f"# cold JIT builds, {os.cpu_count()} cores, MAX_JOBS={args.jobs}, {target}, torch {torch.__version__}, "
+          f"precompiled torch headers {args.pch}")
     with tempfile.TemporaryDirectory() as scratch:
         trivial = _run(TRIVIAL, str(Path(scratch) / "trivial"), env=env)
         print(f"{'op':<36} {'seconds':>8} {'x trivial':>9}  slowest units (s)")
         print(f"{'(trivial torch extension)':<36} {trivial:>8.1f} {1.0:>9.2f}")
+        headers = Path(scratch) / "cache-headers"
+        if args.pch == "on":
+            headers.mkdir(mode=0o700)
+            seconds = _run(PRECOMPILE, names[0], env=dict(env, APEX_CACHE_DIR=str(headers)))
+            print(f"{'(precompiled torch headers, once)':<36} {seconds:>8.1f} {seconds / trivial:>9.2f}", flush=True)
         for name in names:
             cache = Path(scratch) / f"cache-{name}"
-            cache.mkdir(mode=0o700)
+            if args.pch == "on":  # linked, not copied: ~450 MB
+                shutil.copytree(headers, cache, copy_function=os.link)
+            else:
+                cache.mkdir(mode=0o700)
             seconds = _run(BUILD_ONE, name, env=dict(env, APEX_CACHE_DIR=str(cache)))
             print(f"{name:<36} {seconds:>8.1f} {seconds / trivial:>9.2f}  {_slowest_units(cache)}", flush=True)
     return 0

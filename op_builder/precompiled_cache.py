@@ -1,0 +1,169 @@
+"""Where op builds get their precompiled header (precompiled_header.py): built once, then shared.
+
+JIT builds: the per-user cache, as an entry of its own, <cache>/torch-headers.pch/<key>/{apex_torch_headers.h.gch,
+meta.json, build.log}, built and published exactly as an op library is (one process builds it under
+a lock, in a scratch directory renamed into place; its size and checksum recorded and checked before
+each use; a corrupt one rebuilt). A .gch is about 450 MB, so only the MAX_KEPT most recently used are
+kept; a build whose .gch is removed meanwhile still succeeds, parsing the header's text instead. A
+header that failed to build is not tried again while its failed-build log is there (`make clean`).
+
+Compile checks and prebuilds of several ops (`APEX_BUILD_CUDA_OPS=1`, `compile_check --all`): a
+private temporary directory, removed when the run ends; nothing enters the cache.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import cache, notice, precompiled_header, toolchain
+from .compiler import run_child
+from .lock import FileLock
+from .precompiled_header import GCH_FILE, HEADER_FILE, HeaderPlan
+
+# The cache folder of the precompiled headers: not an importable name, so never an op's.
+CACHE_NAME = "torch-headers.pch"
+MAX_KEPT = 2
+_MB = 1 << 20
+_told_failed: set[str] = set()  # keys whose earlier failure this process has mentioned
+
+
+def build(header: HeaderPlan, build_dir: Path) -> tuple[Optional[float], str]:
+    """Precompile ``header`` into ``build_dir / GCH_FILE`` (its text beside it): (seconds, "") on
+    success, (None, the build log) on failure."""
+    (build_dir / HEADER_FILE).write_text(header.text)
+    spec_path = build_dir / "spec.json"
+    spec_path.write_text(json.dumps({"header": str(build_dir / HEADER_FILE), "output": str(build_dir / GCH_FILE),
+                                     "cxx_flags": list(header.cxx_flags), "build_dir": str(build_dir)}, indent=2))
+    log_path = build_dir / "build.log"
+    started = time.monotonic()
+    if run_child(spec_path, log_path, dict(os.environ, PATH=toolchain.build_path())):
+        return time.monotonic() - started, ""
+    return None, log_path.read_text(errors="replace")
+
+
+def _why(log: str) -> str:
+    """The line of a failed header build that says why (the compiler's error, else the last line)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["no output"])[0]
+
+
+class JitHeaders:
+    """The JIT cache's precompiled headers; ``source_root``: the sources of the op being built
+    (recorded, so that `make clean` of that checkout removes the header as it removes its ops)."""
+
+    def __init__(self, source_root: Path):
+        self.source_root = source_root
+
+    def gch_for(self, header: HeaderPlan) -> Optional[Path]:
+        entry = cache.entry(CACHE_NAME, header.key)
+        failed_log = cache.failed_log_path(CACHE_NAME, header.key)
+        if cache.entry_problem(entry, CACHE_NAME, GCH_FILE) is not None:
+            if failed_log.exists():
+                _say_failed_once(header.key, failed_log)
+                return None
+            with FileLock(cache.lock_path(CACHE_NAME, header.key), "it is precompiling torch's headers"):
+                problem = cache.entry_problem(entry, CACHE_NAME, GCH_FILE)  # another process may have built it
+                if problem is not None:
+                    if failed_log.exists():
+                        return None
+                    if problem != "missing":
+                        notice.say(f"apex: the precompiled torch headers in {entry} are corrupt ({problem}); "
+                                   "rebuilding them")
+                    if not self._build(header, entry, failed_log):
+                        return None
+        try:
+            os.utime(entry)  # the most recently used are kept
+        except OSError:
+            return None  # removed meanwhile (another process keeping its own): build without it
+        _keep_most_recent(entry.parent, MAX_KEPT)
+        return entry / GCH_FILE
+
+    def _build(self, header: HeaderPlan, entry: Path, failed_log: Path) -> bool:
+        cache.remove_dead_builds(CACHE_NAME)
+        scratch, owner = cache.new_build_dir(CACHE_NAME, header.key)
+        try:
+            notice.say(f"apex: precompiling torch's headers for every op's build - once per torch and compiler, "
+                       f"about 450 MB (APEX_PCH=0 turns this off). Cache: {entry.parent}")
+            seconds, log = build(header, scratch)
+            if seconds is None:
+                _told_failed.add(header.key)
+                failed_log.write_text(f"{cache.FAILED_LOG_HEADER} of torch's precompiled headers "
+                                      f"(key {header.key})\n{log}")
+                notice.say(f"apex: could not precompile torch's headers ({_why(log)}); ops build without them, "
+                           f"slower. Log: {failed_log} (remove it to try again)")
+                return False
+            meta = {"op": CACHE_NAME, "fingerprint": header.fingerprint, "seconds": round(seconds, 1),
+                    "built_at": time.time(), "source_root": str(self.source_root.resolve())}
+            cache.publish(scratch, entry, meta, library_file=GCH_FILE)
+            size = (entry / GCH_FILE).stat().st_size
+            notice.say(f"apex: precompiled torch's headers in {seconds:.0f} s ({size / _MB:.0f} MB)")
+            return True
+        finally:
+            cache.release_build_dir(scratch, owner)
+
+
+def _say_failed_once(key: str, failed_log: Path) -> None:
+    if key not in _told_failed:
+        _told_failed.add(key)
+        notice.say(f"apex: ops build without precompiled torch headers, whose build failed before "
+                   f"(log: {failed_log}; remove it to try again)")
+
+
+def _keep_most_recent(folder: Path, count: int) -> None:
+    """Discard all but the ``count`` most recently used entries of ``folder``."""
+    entries = []
+    for path in folder.iterdir():
+        try:
+            if cache.is_entry(path):
+                entries.append((path.stat().st_mtime, path))
+        except OSError:
+            continue  # discarded meanwhile by another process
+    for _, path in sorted(entries, reverse=True)[count:]:
+        try:
+            cache.discard(path)
+        except OSError:
+            pass  # another process got there first
+
+
+class RunHeaders:
+    """One run's precompiled headers (a compile check, a prebuild): each built on first need into a
+    private temporary directory, which ``close`` (or leaving the ``with`` block) removes."""
+
+    def __init__(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="apex-pch-"))  # 0700, never a fixed name
+        self._built: dict[str, Optional[Path]] = {}
+
+    def __enter__(self) -> "RunHeaders":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def gch_for(self, header: HeaderPlan) -> Optional[Path]:
+        if header.key not in self._built:
+            build_dir = self.folder / header.key
+            build_dir.mkdir()
+            notice.say("apex: precompiling torch's headers, shared by this run's op builds")
+            seconds, log = build(header, build_dir)
+            if seconds is None:
+                notice.say(f"apex: could not precompile torch's headers ({_why(log)}); building without them")
+            else:
+                notice.say(f"apex: precompiled torch's headers in {seconds:.0f} s")
+            self._built[header.key] = build_dir / GCH_FILE if seconds is not None else None
+        return self._built[header.key]
+
+
+def for_run(op_count: int) -> Optional[RunHeaders]:
+    """The headers of a run that builds ``op_count`` ops outside the cache: with the default setting
+    only when they are several (one op's build would pay the header's ~20 s for ~10 s saved)."""
+    wanted = precompiled_header.setting()
+    return RunHeaders() if wanted == "on" or (wanted == "auto" and op_count > 1) else None
