@@ -50,7 +50,7 @@ def apex_version() -> str:
 def environment() -> list[tuple[str, str]]:
     import torch
 
-    from apex.op_builder import cache, toolchain
+    from apex.op_builder import cache, precompiled_cache, toolchain
 
     nvcc = toolchain.nvcc()
     gpus = [f"{torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
@@ -72,6 +72,7 @@ def environment() -> list[tuple[str, str]]:
         ("GPUs", ", ".join(gpus) or "none visible"),
         ("TORCH_CUDA_ARCH_LIST", os.environ.get("TORCH_CUDA_ARCH_LIST", "(unset: the visible GPUs' archs)")),
         ("cache dir", cache_dir),
+        ("precompiled headers", precompiled_cache.jit_status()),
     ]
 
 

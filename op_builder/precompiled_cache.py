@@ -167,3 +167,34 @@ def for_run(op_count: int) -> Optional[RunHeaders]:
     only when they are several (one op's build would pay the header's ~20 s for ~10 s saved)."""
     wanted = precompiled_header.setting()
     return RunHeaders() if wanted == "on" or (wanted == "auto" and op_count > 1) else None
+
+
+def jit_status() -> str:
+    """What the next JIT build would find of the precompiled headers, for `apex-report`: off, not
+    used here (and why), cached (with its size), not built yet, corrupt, or failed (with its log)."""
+    from . import all_builders
+    from .plan import Purpose, plan_build
+
+    try:
+        if precompiled_header.setting() == "off":
+            return f"off ({precompiled_header.PCH_ENV}=0): ops build without them"
+    except ValueError as error:
+        return f"REFUSED: {error}"
+    builders = list(all_builders().values())
+    header = precompiled_header.plan_header(plan_build(builders[0](), Purpose.JIT)) if builders else None
+    if header is None:
+        return "not used here (GCC on Linux only, not ROCm)"
+    try:
+        folder = cache.root(create=False) / CACHE_NAME
+    except cache.UnsafeCacheDirError:
+        return "cache refused (see cache dir)"
+    entry = folder / header.key
+    problem = cache.entry_problem(entry, CACHE_NAME, GCH_FILE)
+    if problem is None:
+        return f"cached, {(entry / GCH_FILE).stat().st_size / _MB:.0f} MB ({entry})"
+    failed_log = folder / f"{header.key}.failed.log"
+    if failed_log.exists():
+        return f"failed to build: ops build without them (log {failed_log}; remove it to try again)"
+    if problem != "missing":
+        return f"corrupt, rebuilt on the next op build ({problem})"
+    return "not built: built once, before the next op build (about 450 MB)"

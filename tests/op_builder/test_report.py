@@ -11,7 +11,8 @@ REPORT = "import sys; from apex.report import main; sys.exit(main())"
 def test_report_runs_and_lists_every_op(cache_dir):
     result = run_python(REPORT, python_env(cache_dir))
     assert result.returncode == 0, result.stderr
-    for field in ("apex", "torch", "nvcc", "ninja", "C++ compiler", "CPU build flags", "GPUs", "cache dir"):
+    for field in ("apex", "torch", "nvcc", "ninja", "C++ compiler", "CPU build flags", "GPUs", "cache dir",
+                  "precompiled headers"):
         assert re.search(rf"^  {re.escape(field)}\s", result.stdout, re.M), field
     assert re.search(r"^  apex\s+\d+\.\d+\.\d+\S*, commit ([0-9a-f]{7,}|unknown)", result.stdout, re.M), result.stdout
     for name, cls in all_builders().items():
@@ -29,6 +30,17 @@ def test_a_refused_cache_dir_is_a_row_not_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr
     assert re.search(r"^  cache dir\s+REFUSED: apex refuses the cache directory", result.stdout, re.M)
     assert "cache refused" in result.stdout  # the op rows say why they have no status
+
+
+def test_precompiled_headers_row_says_off_or_whether_built(cache_dir):
+    env = python_env(cache_dir)
+    env.pop("APEX_PCH", None)
+    fresh = run_python(REPORT, env)
+    assert re.search(r"^  precompiled headers\s+(not built: |not used here )", fresh.stdout, re.M), fresh.stdout
+    off = run_python(REPORT, {**env, "APEX_PCH": "0"})
+    assert re.search(r"^  precompiled headers\s+off \(APEX_PCH=0\)", off.stdout, re.M), off.stdout
+    bad = run_python(REPORT, {**env, "APEX_PCH": "maybe"})
+    assert bad.returncode == 0 and re.search(r"^  precompiled headers\s+REFUSED: APEX_PCH='maybe'", bad.stdout, re.M)
 
 
 def test_cpu_build_flags_are_the_ones_jit_builds_use():
