@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "apex/cuda.cuh"
+#include "apex/occupancy.cuh"
 
 namespace apex::cuda {
 
@@ -35,21 +36,13 @@ C10_DEVICE C10_ALWAYS_INLINE void wait_for_prerequisite_grid() {
 #endif
 }
 
-// Whether `device` runs dependent launches (compute capability 9.0 or later), asked once per device.
+// Whether `device` runs dependent launches (compute capability 9.0 or later).
 inline bool supports_dependent_launch(int device) {
 #if defined(USE_ROCM)
   (void)device;
   return false;
 #else
-  constexpr int kMaxDevices = 64;
-  static int majors[kMaxDevices] = {};
-  if (device < 0 || device >= kMaxDevices) return false;
-  if (majors[device] == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    majors[device] = major > 0 ? major : -1;
-  }
-  return majors[device] >= 9;
+  return device_limits(device).compute_major >= 9;
 #endif
 }
 

@@ -56,6 +56,7 @@ inline void check(cudaError_t error, const char* what) {
 struct DeviceLimits {
   int sms = 1;
   int warp_size = 32;
+  int compute_major = 0;                 // compute capability's major version (9: Hopper)
   size_t shared_per_block_optin = 0;     // shared memory one block may use once a kernel opts in
   size_t shared_per_sm = 0;
   size_t reserved_shared_per_block = 0;  // what the system keeps of an SM's shared memory per resident block
@@ -75,6 +76,7 @@ inline const DeviceLimits& device_limits(int device) {
     DeviceLimits& l = limits[device];
     l.sms = std::max(attribute(cudaDevAttrMultiProcessorCount), 1);
     l.warp_size = attribute(cudaDevAttrWarpSize);
+    l.compute_major = attribute(cudaDevAttrComputeCapabilityMajor);
     l.shared_per_block_optin = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     l.shared_per_sm = attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
     l.reserved_shared_per_block = attribute(cudaDevAttrReservedSharedMemoryPerBlock);
