@@ -345,8 +345,27 @@ C10_DEVICE inline int team_size(int items) {
   return team;
 }
 
+// The sum of load(t) for t = first, first + step, ... < count, added in that order, kFoldBatch
+// loads in flight at a time (a fold is a chain of dependent latencies otherwise).
+template <class Acc, class Load>
+C10_DEVICE C10_ALWAYS_INLINE Pair<Acc> strided_sum(int64_t first, int64_t count, int64_t step, Load load) {
+  Pair<Acc> sum{Acc(0), Acc(0)};
+  for (; first < count; first += step * kFoldBatch) {
+    Pair<Acc> batch[kFoldBatch];
+#pragma unroll
+    for (int i = 0; i < kFoldBatch; ++i) {
+      if (first + i * step < count) batch[i] = load(first + i * step);
+    }
+#pragma unroll
+    for (int i = 0; i < kFoldBatch; ++i) {
+      if (first + i * step < count) sum = AddPairs{}(sum, batch[i]);
+    }
+  }
+  return sum;
+}
+
 // For each item i < items, the sum of its terms(i) pairs term(i, t), added in a fixed order: lane j
-// of the item's team adds terms j, j + team, ... (kFoldBatch loads in flight), then the team's lanes
+// of the item's team adds terms j, j + team, ... (strided_sum), then the team's lanes
 // are added by a fixed butterfly; done(i, sum) runs on the team's first lane. Every thread of the
 // block calls it, the same number of rounds (the butterflies shuffle across whole warps).
 template <class Acc, class Terms, class Term, class Done>
@@ -356,20 +375,7 @@ C10_DEVICE void team_fold(int items, Terms terms, Term term, Done done) {
   for (int round = 0; round < items; round += teams) {
     const int item = round + me;
     Pair<Acc> sum{Acc(0), Acc(0)};
-    if (item < items) {
-      const int64_t count = terms(item);
-      for (int64_t first = lane; first < count; first += static_cast<int64_t>(team) * kFoldBatch) {
-        Pair<Acc> batch[kFoldBatch];
-#pragma unroll
-        for (int i = 0; i < kFoldBatch; ++i) {
-          if (first + i * team < count) batch[i] = term(item, first + i * team);
-        }
-#pragma unroll
-        for (int i = 0; i < kFoldBatch; ++i) {
-          if (first + i * team < count) sum = AddPairs{}(sum, batch[i]);
-        }
-      }
-    }
+    if (item < items) sum = strided_sum<Acc>(lane, terms(item), team, [&](int64_t t) { return term(item, t); });
     sum = cuda::group_reduce(sum, team, AddPairs{});
     if (item < items && lane == 0) done(item, sum);
   }
@@ -418,17 +424,7 @@ C10_DEVICE void fold_param_grads(const BackwardArgs& args, const Plan& p, const 
     const int64_t c = base + channel_lane;
     Pair<Acc> sum{Acc(0), Acc(0)};
     if (c < p.channels) {
-      for (int64_t first = term_lane; first < terms; first += kTermLanes * kFoldBatch) {
-        Pair<Acc> batch[kFoldBatch];
-#pragma unroll
-        for (int i = 0; i < kFoldBatch; ++i) {
-          if (first + i * kTermLanes < terms) batch[i] = ws.channel_sums[(first + i * kTermLanes) * p.channels + c];
-        }
-#pragma unroll
-        for (int i = 0; i < kFoldBatch; ++i) {
-          if (first + i * kTermLanes < terms) sum = AddPairs{}(sum, batch[i]);
-        }
-      }
+      sum = strided_sum<Acc>(term_lane, terms, kTermLanes, [&](int64_t t) { return ws.channel_sums[t * p.channels + c]; });
     }
 #pragma unroll
     for (int offset = C10_WARP_SIZE / 2; offset >= kParamChannelLanes; offset /= 2) {
