@@ -135,8 +135,9 @@ def lock_path(op: str, key: str) -> Path:
     return op_dir(op) / f"{key}.lock"
 
 
-def failed_log_path(op: str, key: str) -> Path:
-    return op_dir(op) / f"{key}.failed.log"
+def failed_log_path(op: str, key: str, create: bool = True) -> Path:
+    """Where a failed build of ``op`` at ``key`` leaves its log (``create``: making the op's folder)."""
+    return (op_dir(op) if create else root(create=False) / op) / f"{key}.failed.log"
 
 
 def entry_problem(entry_dir: Path, op: str, library_file: Optional[str] = None) -> Optional[str]:

@@ -185,14 +185,13 @@ def jit_status() -> str:
     if header is None:
         return "not used here (GCC on Linux only, not ROCm)"
     try:
-        folder = cache.root(create=False) / CACHE_NAME
+        entry = cache.root(create=False) / CACHE_NAME / header.key
     except cache.UnsafeCacheDirError:
         return "cache refused (see cache dir)"
-    entry = folder / header.key
     problem = cache.entry_problem(entry, CACHE_NAME, GCH_FILE)
     if problem is None:
         return f"cached, {(entry / GCH_FILE).stat().st_size / _MB:.0f} MB ({entry})"
-    failed_log = folder / f"{header.key}.failed.log"
+    failed_log = cache.failed_log_path(CACHE_NAME, header.key, create=False)
     if failed_log.exists():
         return f"failed to build: ops build without them (log {failed_log}; remove it to try again)"
     if problem != "missing":
