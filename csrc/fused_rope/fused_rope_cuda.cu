@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "apex/cuda.cuh"
+#include "apex/dependent_launch.cuh"
 #include "apex/occupancy.cuh"
 #include "fused_rope.h"
 #include "rope_math.h"
@@ -403,6 +404,12 @@ C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan,
 
 template <class T, int kVec>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(const RopeArgs a, const Plan plan) {
+  // A programmatic dependent launch (launch_rope): this grid may start while the stream's previous
+  // kernel finishes, so it waits for that kernel before touching memory, and lets the next kernel's
+  // blocks take SMs as its own retire (its one wave ends unevenly; back to back, as RoPE runs on q
+  // then k, the next call's start-up then overlaps this call's tail).
+  cuda::wait_for_prerequisite_grid();
+  cuda::allow_dependent_launch();
   const UnitMap& map = plan.map;
   const int64_t tokens = a.outer0 * a.outer1;
   const int h_begin = static_cast<int>(blockIdx.y) * plan.heads_per_group;
@@ -463,8 +470,8 @@ void launch_rope(const RopeArgs& a, const Cuda& device) {
                                                   launch.cols * launch.rows, 0, device.device);
   grid_shape(tokens, a.heads, static_cast<int64_t>(cuda::device_limits(device.device).sms) * per_sm, launch);
   plan.heads_per_group = launch.heads_per_group;
-  rope_kernel<T, kVec><<<dim3(launch.blocks, launch.groups), dim3(launch.cols, launch.rows), 0,
-                         cuda::stream(device)>>>(a, plan);
+  cuda::launch_dependent(device, rope_kernel<T, kVec>, dim3(launch.blocks, launch.groups), dim3(launch.cols, launch.rows),
+                         0, cuda::stream(device), a, plan);
 }
 
 }  // namespace

@@ -84,22 +84,42 @@ inline LaunchPlan block_shape(int64_t tokens, const UnitMap& m) {
   return p;
 }
 
-// The grid, for `capacity` resident blocks (SMs x blocks per SM). Many tokens: one head group and
-// as many blocks as are resident, rounded so that every block loops over the same number of token
-// rows (no last partial wave). Fewer row blocks than resident blocks (decode-like shapes: a handful
-// of tokens with many heads): the heads are split into groups so the GPU fills; each group
-// recomputes its token's cos/sin, which only few tokens make cheap.
+// A token's cos/sin, which every head group of a token computes again, priced in heads' worth of
+// rotation work (per unit: kVec sincosf against two vector loads, a rotation and two stores a head).
+constexpr int64_t kTableCostHeads = 2;
+// The most head groups the many-token grid splits into to even out its waves.
+constexpr int64_t kMaxBalanceGroups = 4;
+
+// The grid, for `capacity` resident blocks (SMs x blocks per SM), every block looping over the same
+// number of token rows (no last partial wave).
+//  - Fewer row blocks than resident blocks (decode-like shapes: a handful of tokens with many heads):
+//    the heads are split into groups so the GPU fills; each group recomputes its token's cos/sin,
+//    which only few tokens make cheap.
+//  - Many tokens: the waves of row blocks rarely divide evenly (391 row blocks on 264 resident
+//    slots run as 2 loops of 196 blocks: 74% of the slots busy), so up to kMaxBalanceGroups head
+//    groups are weighed, each costing its loops x (its heads + kTableCostHeads), and the cheapest taken.
 inline void grid_shape(int64_t tokens, int64_t heads, int64_t capacity, LaunchPlan& p) {
   capacity = std::max<int64_t>(capacity, 1);
   heads = std::max<int64_t>(heads, 1);
   const int64_t row_blocks = (tokens + p.rows - 1) / p.rows;
+  const auto loops = [&](int64_t groups) {
+    const int64_t cap_x = std::max<int64_t>(1, capacity / groups);
+    return (row_blocks + cap_x - 1) / cap_x;
+  };
   int64_t groups = 1;
-  if (row_blocks < capacity) groups = std::min({heads, capacity / row_blocks, kMaxGroups});
+  if (row_blocks < capacity) {
+    groups = std::min({heads, capacity / row_blocks, kMaxGroups});
+  } else {
+    int64_t best_cost = loops(1) * (heads + kTableCostHeads);
+    for (int64_t g = 2; g <= std::min({heads, kMaxBalanceGroups, capacity}); ++g) {
+      const int64_t cost = loops(g) * ((heads + g - 1) / g + kTableCostHeads);
+      if (cost < best_cost) best_cost = cost, groups = g;
+    }
+  }
   groups = std::max<int64_t>(groups, 1);
   const int64_t per_group = (heads + groups - 1) / groups;
   groups = (heads + per_group - 1) / per_group;  // no empty group
-  const int64_t cap_x = std::max<int64_t>(1, capacity / groups);
-  const int64_t waves = (row_blocks + cap_x - 1) / cap_x;
+  const int64_t waves = loops(groups);
   p.blocks = static_cast<unsigned>((row_blocks + waves - 1) / waves);
   p.groups = static_cast<int>(groups);
   p.heads_per_group = static_cast<int>(per_group);
