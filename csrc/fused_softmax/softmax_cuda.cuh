@@ -23,7 +23,9 @@
 //    than one block's shared memory before Hopper) take the same kernel unstaged: the second pass
 //    reads the row from global memory again.
 // Data stays in registers as loaded (Packed) and is converted to float where used; exp(x) is
-// computed as exp2(x * log2(e)) (one FFMA, one MUFU.EX2).
+// computed as exp2(x * log2(e)) (one FFMA, one MUFU.EX2). The forward warp and row kernels (positive
+// scales) overwrite the elements that take no part with -inf once, in place, instead of selecting per
+// element in every pass; softmax_forward.cu says how.
 //
 // Row order: with a mask shared by the heads ([b, 1, sq, sk]), the warp and row kernels visit rows
 // head-fastest, (b, q, h), so consecutive rows of a lane or block use one mask row: it is read once
@@ -377,17 +379,23 @@ C10_DEVICE C10_ALWAYS_INLINE void div_mod(int64_t n, int64_t d, int64_t& quotien
 // consecutive, warps striding over them. Every lane runs every iteration (the shuffles need the
 // whole warp): `first` is the warp's first set of the first iteration, first + slot this lane's
 // (idle when past the last).
+// A loop over block_first (first - warp_offset) instead runs the same iterations in every warp of the
+// block, a trip count ptxas sees as warp-uniform: warp votes inside need no convergence check.
 struct WarpRows {
   int member;          // this lane's index in its group
   int slot;            // this lane's group in the warp
   int64_t first;       // the warp's first set of the first iteration
   int64_t step;        // sets between iterations
+  int64_t block_first;  // the block's first set of the first iteration
+  int warp_offset;      // first - block_first
   C10_DEVICE explicit WarpRows(int group) {
     const int lane = threadIdx.x % C10_WARP_SIZE;
     const int per_warp = C10_WARP_SIZE / group;
     member = lane % group;
     slot = lane / group;
-    first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / C10_WARP_SIZE * per_warp;
+    block_first = static_cast<int64_t>(blockIdx.x) * (blockDim.x / C10_WARP_SIZE) * per_warp;
+    warp_offset = static_cast<int>(threadIdx.x / C10_WARP_SIZE) * per_warp;
+    first = block_first + warp_offset;
     step = static_cast<int64_t>(gridDim.x) * blockDim.x / C10_WARP_SIZE * per_warp;
   }
 };
@@ -531,20 +539,22 @@ struct Stats {
   }
 };
 
+// The subtrahend of exp2(v - base): the row's max, or 0 for a row whose max is -inf (nothing kept,
+// or only -inf scores), so that its -inf values give exp2(-inf) = 0, not NaN.
+C10_DEVICE C10_ALWAYS_INLINE float exp_base(float max) { return max == kNegInf ? 0.0f : max; }
+
+// Branch-free: a side whose max is -inf (nothing kept: its sum is 0, or NaN, which stays NaN) is
+// rescaled by exp2(-inf) = 0. fast_exp2's flush of factors below 2^-126 drops nothing the other
+// side's sum (at least the 1 of its max) could show.
 struct MergeStats {
   C10_DEVICE Stats operator()(const Stats& a, const Stats& b) const {
-    const float m = fmaxf(a.max, b.max);
-    if (m == kNegInf) return {m, a.sum + b.sum};  // nothing kept yet (a NaN sum stays NaN)
-    return {m, a.sum * exp2f(a.max - m) + b.sum * exp2f(b.max - m)};
+    const float m = fmaxf(a.max, b.max), base = exp_base(m);
+    return {m, a.sum * fast_exp2(a.max - base) + b.sum * fast_exp2(b.max - base)};
   }
 };
 
 // 1 / sum, or 0 for a row with nothing kept (all of it masked): its output is zeros.
 C10_DEVICE C10_ALWAYS_INLINE float inverse_sum(float sum) { return sum == 0.0f ? 0.0f : 1.0f / sum; }
-
-// The subtrahend of exp2(v - base): the row's max, or 0 for a row whose max is -inf (nothing kept,
-// or only -inf scores), so that its -inf values give exp2(-inf) = 0, not NaN.
-C10_DEVICE C10_ALWAYS_INLINE float exp_base(float max) { return max == kNegInf ? 0.0f : max; }
 
 // This block's rank in its cluster (0 without one).
 C10_DEVICE C10_ALWAYS_INLINE int cluster_rank() {

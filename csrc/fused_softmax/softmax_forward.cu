@@ -119,45 +119,311 @@ C10_DEVICE C10_ALWAYS_INLINE const uint8_t* mask_row(const ForwardArgs& a, const
   return a.mask + r.b * a.mask_batch_stride + r.h * a.mask_head_stride + r.q * a.mask_query_stride;
 }
 
-// The kept elements' largest scaled value (exp2 domain); -inf if none.
-template <class T, int kVec>
-C10_DEVICE C10_ALWAYS_INLINE float kept_max(const Packed<T, kVec>& x, uint32_t keep, float scale, float most) {
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    if (keep >> k & 1u) most = fmaxf(most, x[k] * scale);
+// ---- the warp and row kernels' element work ----------------------------------------------------
+//
+// The warp and row kernels take positive finite scales only (forward() sends any other to the block
+// kernel). That lets an element which takes no part (masked, past the causal bound) be overwritten
+// once, in the registers as loaded, by -inf: every pass after treats it as any other element. It
+// cannot raise the max, and exp2(-inf * scale - base) = 0 adds nothing to the sum and writes y = 0,
+// so no keep bits live across the passes and no select runs per element. -inf scores come out as
+// before (their exponentials are 0), and a row whose sum is 0 (nothing kept) writes zeros. A row
+// holding a NaN or +inf score (whose kept outputs are NaN) now writes NaN in its masked columns too,
+// as torch's softmax of the masked scores does.
+// The max is taken over the elements as loaded (16-bit elements two per max.bf16x2 / max.f16x2) and
+// scaled once: multiplying by a positive float is monotonic, rounding included, so that is exactly
+// the max of the scaled elements. Vectors wholly past the causal bound are skipped (zeros written).
+
+// -inf in each element slot of a 32-bit word of T.
+template <class T>
+constexpr uint32_t neg_inf_bits() {
+  if constexpr (sizeof(T) == 4) {
+    return 0xff800000u;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return 0xff80ff80u;
+  } else {
+    return 0xfc00fc00u;
   }
-  return most;
 }
 
-// sum of exp2(x * scale - base) over the kept elements.
-template <class T, int kVec>
-C10_DEVICE C10_ALWAYS_INLINE float kept_sum(const Packed<T, kVec>& x, uint32_t keep, float scale, float base,
-                                            float sum) {
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    const float e = fast_exp2(fmaf(x[k], scale, -base));
-    sum += (keep >> k & 1u) ? e : 0.0f;
+// Each byte of the result is byte (selector nibble & 3) of x with its top bit copied to all eight
+// bits, per nibble of `selector` (prmt's sign-replicating selectors: one instruction).
+C10_DEVICE C10_ALWAYS_INLINE uint32_t replicate_top_bits(uint32_t x, uint32_t selector) {
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  uint32_t out;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(out) : "r"(x), "r"(selector));
+  return out;
+#else
+  uint32_t out = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t byte = x >> (8 * ((selector >> (4 * i)) & 3u));
+    out |= (byte & 0x80u ? 0xffu : 0u) << (8 * i);
   }
+  return out;
+#endif
+}
+
+// Which elements of a vector take no part: bit 7 of byte e set where element e is dropped, the other
+// bits anything (replicate_top_bits turns such a byte into an element-wide mask).
+template <int kVec>
+struct Dropped {
+  static constexpr int kWords = (kVec + 3) / 4;
+  static constexpr uint32_t kFlags = 0x80808080u;
+  uint32_t w[kWords];
+
+  // The mask's nonzero bytes: bit 7 of ((b & 0x7f) + 0x7f) | b is set iff b != 0 (the 0x7f masks keep
+  // each byte's sum inside its byte). Three instructions per four columns.
+  static C10_DEVICE C10_ALWAYS_INLINE Dropped masked(const MaskBytes<kVec>& m) {
+    Dropped d;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) d.w[i] = ((m.w[i] & 0x7f7f7f7fu) + 0x7f7f7f7fu) | m.w[i];
+    return d;
+  }
+  // From bits (bit e: element e dropped, none above kVec): four bits times 0x10204080 put bit e at
+  // 8e + 7 (the copies of nibble bit e shifted by 7 + 7j reach a byte's top bit only for j = e, and
+  // copies 7 bits apart never carry into each other). Two instructions per four columns.
+  static C10_DEVICE C10_ALWAYS_INLINE Dropped from_bits(uint32_t bits) {
+    Dropped d;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) d.w[i] = ((bits >> (4 * i)) & 0xfu) * 0x10204080u;
+    return d;
+  }
+  C10_DEVICE C10_ALWAYS_INLINE bool any() const {
+    uint32_t flags = 0;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) flags |= w[i];
+    return (flags & kFlags) != 0;
+  }
+};
+
+// Bit e set: element e at or past `room` columns from the vector's first (all of them for room <= 0).
+template <int kVec>
+C10_DEVICE C10_ALWAYS_INLINE uint32_t bits_past(int room) {
+  constexpr uint32_t kAll = (1u << kVec) - 1u;
+  return (kAll << std::min(std::max(room, 0), kVec)) & kAll;
+}
+
+// store_vector(base, 0, v) where `condition` holds: 16-byte vectors by one predicated st.global.v4 (a
+// branch around the store costs a reconvergence barrier where the condition differs between lanes).
+template <int kVec, class T>
+C10_DEVICE C10_ALWAYS_INLINE void store_vector_if(bool condition, T* base, const AlignedVector<T, kVec>& v) {
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  if constexpr (sizeof(v) == 16) {
+    uint32_t w[4];
+    memcpy(w, &v, sizeof(w));
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %5, 0; @p st.global.v4.b32 [%0], {%1, %2, %3, %4}; }" ::"l"(base),
+        "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "r"(static_cast<uint32_t>(condition))
+        : "memory");
+    return;
+  }
+#endif
+  if (condition) store_vector<kVec>(base, 0, v);
+}
+
+// Whether `condition` holds in any lane of the warp (every lane calls it and gets the same answer).
+// Branching on it is uniform: ptxas then needs no reconvergence barrier (BSSY / BSYNC) around the
+// body, which a per-lane condition costs each vector of each pass, and lanes without work in the body
+// compute on -inf elements, which changes nothing.
+C10_DEVICE C10_ALWAYS_INLINE bool warp_any(bool condition) {
+#if defined(USE_ROCM)
+  return __any(condition);
+#else
+  return __any_sync(0xffffffffu, condition);
+#endif
+}
+
+// Overwrites the dropped elements of v with -inf: per 32-bit word one prmt (the mask) and one lop3.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE void drop_elements(Packed<T, kVec>& v, const Dropped<kVec>& d) {
+  constexpr int kPerWord = sizeof(T) == 4 ? 1 : 2;
+#pragma unroll
+  for (int i = 0; i < Packed<T, kVec>::kWords; ++i) {
+    const int e = i * kPerWord;  // the word's first element
+    const uint32_t first = 8u | static_cast<uint32_t>(e % 4), second = kPerWord == 2 ? first + 1u : first;
+    const uint32_t selector = first * 0x0011u | second * 0x1100u;
+    const uint32_t m = replicate_top_bits(d.w[e / 4], selector);
+    v.w[i] = (v.w[i] & ~m) | (neg_inf_bits<T>() & m);
+  }
+}
+
+// max of two pairs of 16-bit elements, lane by lane, ignoring NaN as fmaxf does (sm_80 on).
+template <class T>
+C10_DEVICE C10_ALWAYS_INLINE uint32_t max_pairs(uint32_t a, uint32_t b) {
+  uint32_t out;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(USE_ROCM)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  } else {
+    asm("max.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  }
+#else
+  out = a;  // unused: LoadedMax takes the float path here
+#endif
+  return out;
+}
+
+// The largest element absorbed, as loaded (not scaled); -inf if none. Even 16-bit vectors on sm_80 on:
+// two lanes of max_pairs, one instruction per two elements; elsewhere a float.
+template <class T>
+struct LoadedMax {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(USE_ROCM)
+  static constexpr bool kPaired = sizeof(T) == 2;
+#else
+  static constexpr bool kPaired = false;
+#endif
+  uint32_t pairs = neg_inf_bits<T>();
+  float single = kNegInf;
+
+  template <int kVec>
+  C10_DEVICE C10_ALWAYS_INLINE void absorb(const Packed<T, kVec>& v) {
+    if constexpr (kPaired && kVec % 2 == 0) {
+      uint32_t most = v.w[0];
+#pragma unroll
+      for (int i = 1; i < Packed<T, kVec>::kWords; ++i) most = max_pairs<T>(most, v.w[i]);
+      pairs = max_pairs<T>(pairs, most);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) single = fmaxf(single, v[k]);
+    }
+  }
+  // Whether absorb() converts vectors of kVec elements to float, as the sum pass does again after it:
+  // then launder() them in between, or ptxas keeps the floats (twice the registers of 16-bit data).
+  template <int kVec>
+  static constexpr bool converts() {
+    return sizeof(T) == 2 && !(kPaired && kVec % 2 == 0);
+  }
+  C10_DEVICE C10_ALWAYS_INLINE float value() const {
+    if constexpr (kPaired) {
+      Packed<T, 2> two;
+      two.w[0] = pairs;
+      return fmaxf(single, fmaxf(two[0], two[1]));
+    } else {
+      return single;
+    }
+  }
+};
+
+// sum + exp2(x * scale - base) over the vector's elements.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE float exp_sum(const Packed<T, kVec>& x, float scale, float base, float sum) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) sum += fast_exp2(fmaf(x[k], scale, -base));
   return sum;
 }
 
-// y = exp2(x * scale - base) * inv where kept, 0 elsewhere.
-template <class T, int kVec>
-C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> kept_probabilities(const Packed<T, kVec>& x, uint32_t keep,
-                                                                        float scale, float base, float inv) {
+// Two floats as one word of T, `low` in the low half: one cvt for both (sm_80 on).
+template <class T>
+C10_DEVICE C10_ALWAYS_INLINE uint32_t pack_pair(float low, float high) {
+  uint32_t out;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(USE_ROCM)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
+  }
+#else
+  const T pair[2] = {static_cast<T>(low), static_cast<T>(high)};
+  memcpy(&out, pair, sizeof(out));
+#endif
+  return out;
+}
+
+// How a row's outputs follow from their exponents: y = exp2(x * scale - base) * inv. 16-bit outputs
+// fold the 1 / sum into the subtrahend where that keeps its precision, y = exp2(x * scale - (base +
+// log2(sum))), one multiply less per element: with |base + log2(sum)| < kMaxFoldedSubtrahend the
+// float subtrahend is within 2^-19 of exact, an output error of at most 1.3e-6 (bf16 / fp16 round to
+// 2e-3 / 4.9e-4; exp2 itself errs by 2.4e-7). Rows past it (scores beyond ~40 after scaling), with
+// nothing kept (sum 0) or NaN multiply.
+constexpr float kMaxFoldedSubtrahend = 64.0f;
+
+// log2 on the special-function unit (lg2.approx.ftz, ~2^-22 absolute error), for a row's sum: at
+// least 1 (its max's own term), 0 (nothing kept: -inf) or NaN. __log2f adds a rescale for subnormal
+// inputs, which a sum never is.
+C10_DEVICE C10_ALWAYS_INLINE float sum_log2(float sum) {
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  float out;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(sum));
+  return out;
+#else
+  return __log2f(sum);
+#endif
+}
+
+struct Normalizer {
+  float subtrahend;  // base, or base + log2(sum) where folded
+  float inv;         // 1 / sum (0 for a row with nothing kept); unused where folded
+  bool folded;
+
+  template <class T>
+  static C10_DEVICE C10_ALWAYS_INLINE Normalizer of(float max, float sum) {
+    const float base = exp_base(max);
+    if constexpr (sizeof(T) == 2) {
+      const float subtrahend = base + sum_log2(sum);  // log2(0) = -inf, log2(NaN) = NaN: not folded
+      if (fabsf(subtrahend) < kMaxFoldedSubtrahend) return {subtrahend, 1.0f, true};
+    }
+    return {base, inverse_sum(sum), false};
+  }
+};
+
+// The vector's outputs: exp2(x * scale - subtrahend), times n.inv unless kFolded.
+template <bool kFolded, class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> probabilities_of(const Packed<T, kVec>& x, float scale,
+                                                                     const Normalizer& n) {
+  const auto y_of = [&](int k) {
+    const float e = fast_exp2(fmaf(x[k], scale, -n.subtrahend));
+    return kFolded ? e : e * n.inv;
+  };
   AlignedVector<T, kVec> y;
+  if constexpr (sizeof(T) == 2 && kVec % 2 == 0) {
+    uint32_t words[kVec / 2];
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    const float e = fast_exp2(fmaf(x[k], scale, -base)) * inv;
-    y.value[k] = static_cast<T>((keep >> k & 1u) ? e : 0.0f);
+    for (int i = 0; i < kVec / 2; ++i) words[i] = pack_pair<T>(y_of(2 * i), y_of(2 * i + 1));
+    memcpy(&y, words, sizeof(y));
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) y.value[k] = static_cast<T>(y_of(k));
   }
   return y;
+}
+
+// Calls write(std::true_type{}) where `folded` (the same in every lane of the warp), else
+// write(std::false_type{}): the output loop, compiled once per way.
+template <class Write>
+C10_DEVICE C10_ALWAYS_INLINE void with_folding(bool folded, Write write) {
+  if (folded) {
+    write(std::true_type{});
+  } else {
+    write(std::false_type{});
+  }
+}
+
+// The (max, sum) statistics over each group of `lanes` neighbouring lanes (every lane of the warp calls
+// it and gets its group's): the max first, then each lane's sum (over exp2(v - exp_base(its max)))
+// rescaled to it and added up. A lane whose max is -inf has the sum 0 and is rescaled by exp2(-inf) = 0.
+// log2(lanes) shuffles of each, where merging whole Stats per shuffle took two exponentials and a branch.
+C10_DEVICE C10_ALWAYS_INLINE Stats group_stats(const Stats& mine, int lanes) {
+  const float max = cuda::group_reduce(mine.max, lanes, Max{});
+  const float sum = cuda::group_reduce(mine.sum * fast_exp2(mine.max - exp_base(max)), lanes, Sum{});
+  return {max, sum};
+}
+
+// group_stats over the block, every thread getting them, with one barrier: each warp's statistics go
+// to scratch[parity], and every warp combines all of them. Consecutive calls alternate `parity`, as
+// block_all_reduce_once's do.
+C10_DEVICE C10_ALWAYS_INLINE Stats block_stats_once(const Stats& mine, Stats (*scratch)[kMaxRowWarps], int parity) {
+  const Stats warp_stats = group_stats(mine, C10_WARP_SIZE);
+  const int warps = blockDim.x / C10_WARP_SIZE;
+  if (warps == 1) return warp_stats;
+  const int lane = threadIdx.x % C10_WARP_SIZE, warp = threadIdx.x / C10_WARP_SIZE;
+  if (lane == 0) scratch[parity][warp] = warp_stats;
+  __syncthreads();
+  return group_stats(lane < warps ? scratch[parity][lane] : Stats::empty(), C10_WARP_SIZE);
 }
 
 // `group` lanes per row; each lane takes kRows consecutive rows (of the visiting order) at once,
 // kPacks vectors of each, all loaded before any is used. With a mask shared by the heads the
 // kRows rows are heads of one (b, q) (or of two, where np is not a multiple of kRows): a row whose
-// mask row is the previous row's reuses its bits instead of loading them again.
+// mask row is the previous row's reuses its flags instead of loading them again.
 template <class T, int kVec, int kPacks>
 __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_forward(ForwardArgs a, int group) {
   constexpr int kRows = rows_per_lane(kWarpForwardVectors, kPacks);
@@ -168,15 +434,21 @@ __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_
   const bool head_fastest = heads_share_mask(a);
   const WarpRows lanes(group);
   const int member = lanes.member;
+  const auto column = [&](int p) { return (p * group + member) * kVec; };
+  const int cols = static_cast<int>(a.cols);  // at most kWarpForwardVectors * C10_WARP_SIZE vectors
+  const bool has_mask = a.mask != nullptr;
   const int64_t sets = (a.rows + kRows - 1) / kRows;
-  for (int64_t first = lanes.first; first < sets; first += lanes.step) {
+  // Block by block (see WarpRows): a warp past the last set idles through its block's last iteration.
+  for (int64_t block_first = lanes.block_first; block_first < sets; block_first += lanes.step) {
+    const int64_t first = block_first + lanes.warp_offset;
     const int64_t set = first + lanes.slot;
     const int64_t t0 = (set < sets ? set : first) * kRows;
     const RowIndex r0 = row_at(a, t0, head_fastest);
     RowIndex r = r0;
+    // Vectors at or past a row's kept columns are not loaded: whatever they hold is dropped whole.
     Packed<T, kVec> in[kRows][kPacks];
     MaskBytes<kVec> masked[kRows][kPacks];
-    uint32_t keep[kRows][kPacks];  // which elements take part: inside the causal bound, then not masked
+    int kept[kRows];  // columns of the row that can take part (inside the causal bound; 0 past the last row)
     bool reuse[kRows];
     const uint8_t* previous = nullptr;
     // Every load of the kRows rows first.
@@ -184,74 +456,92 @@ __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_
     for (int j = 0; j < kRows; ++j) {
       const bool live = set < sets && t0 + j < a.rows;
       const int64_t offset = row_offset(a, r);
-      const int kept = live ? static_cast<int>(row_kept(a, r)) : 0;
+      kept[j] = live ? static_cast<int>(row_kept(a, r)) : 0;
       const uint8_t* mask = a.mask != nullptr ? mask_row(a, r) : nullptr;
       reuse[j] = j > 0 && mask == previous;
       previous = mask;
 #pragma unroll
       for (int p = 0; p < kPacks; ++p) {
-        const int col = (p * group + member) * kVec;
-        keep[j][p] = range_bits<kVec>(kept - col);
-        in[j][p] = Packed<T, kVec>::zero();
+        const int col = column(p);
         masked[j][p] = MaskBytes<kVec>::zero();
-        if (col < kept) in[j][p] = Packed<T, kVec>::load(x, offset + col);
-        // Up to cols, not kept: a row reusing these bits may keep more columns.
-        if (mask != nullptr && live && !reuse[j] && col < a.cols) masked[j][p] = MaskBytes<kVec>::load(mask, col);
+        if (col < kept[j]) in[j][p] = Packed<T, kVec>::load(x, offset + col);
+        // Up to cols, not kept: a row reusing these flags may keep more columns.
+        if (mask != nullptr && live && !reuse[j] && col < cols) masked[j][p] = MaskBytes<kVec>::load(mask, col);
       }
       if (j + 1 < kRows) next_row(a, r, head_fastest);
     }
-    uint32_t bits[kPacks] = {};
+    // Dropped elements become -inf; each row's largest scaled element. The warp's vectors p of a row
+    // are consecutive columns: the passes skip (warp_any) those all past the causal bound, and a lane's
+    // own vector past it (not loaded) is dropped whole.
+    Dropped<kVec> mask_flags[kPacks];
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) mask_flags[p] = Dropped<kVec>::from_bits(0);
+    float base[kRows], sums[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
+      if (has_mask) {  // kernel-uniform: rows without a mask skip the flags' instructions
+#pragma unroll
+        for (int p = 0; p < kPacks; ++p) {
+          if (!reuse[j]) mask_flags[p] = Dropped<kVec>::masked(masked[j][p]);
+        }
+      }
+      LoadedMax<T> most;
 #pragma unroll
       for (int p = 0; p < kPacks; ++p) {
-        bits[p] = reuse[j] ? bits[p] : masked[j][p].bits();
-        keep[j][p] &= ~bits[p];
+        const int room = kept[j] - column(p);
+        if (warp_any(room > 0)) {
+          Dropped<kVec> dropped = mask_flags[p];
+          if (warp_any(room < kVec)) {  // the row's causal bound, or its end (short rows), is here
+            const Dropped<kVec> past = Dropped<kVec>::from_bits(bits_past<kVec>(room));
+#pragma unroll
+            for (int i = 0; i < Dropped<kVec>::kWords; ++i) dropped.w[i] |= past.w[i];
+          }
+          if (warp_any(dropped.any())) drop_elements(in[j][p], dropped);
+          most.absorb(in[j][p]);
+          if constexpr (LoadedMax<T>::template converts<kVec>()) launder(in[j][p]);
+        }
       }
-    }
-    float base[kRows], inv[kRows];
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      float most = kNegInf;
-#pragma unroll
-      for (int p = 0; p < kPacks; ++p) most = kept_max<T, kVec>(in[j][p], keep[j][p], scale, most);
-      base[j] = most;
+      base[j] = most.value() * scale;
     }
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      base[j] = exp_base(cuda::group_reduce(base[j], group, Max{}));
-#pragma unroll
-      for (int p = 0; p < kPacks; ++p) launder(in[j][p]);
-    }
+    for (int j = 0; j < kRows; ++j) base[j] = exp_base(cuda::group_reduce(base[j], group, Max{}));
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       float sum = 0.0f;
 #pragma unroll
-      for (int p = 0; p < kPacks; ++p) sum = kept_sum<T, kVec>(in[j][p], keep[j][p], scale, base[j], sum);
-      inv[j] = sum;
+      for (int p = 0; p < kPacks; ++p) {
+        if (warp_any(column(p) < kept[j])) sum = exp_sum(in[j][p], scale, base[j], sum);
+      }
+      sums[j] = sum;
     }
+    Normalizer norm[kRows];
+    bool fold = true;
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
-      inv[j] = inverse_sum(cuda::group_reduce(inv[j], group, Sum{}));
+      // base[j] = exp_base(max) is the max wherever that matters (Normalizer takes exp_base again).
+      norm[j] = Normalizer::of<T>(base[j], cuda::group_reduce(sums[j], group, Sum{}));
+      fold = fold && norm[j].folded;
 #pragma unroll
       for (int p = 0; p < kPacks; ++p) launder(in[j][p]);
     }
-    r = r0;
+    // Folded only where every row of the warp is (its lanes may hold different rows): a uniform branch.
+    with_folding(!warp_any(!fold), [&](auto folded) {
+      RowIndex at = r0;
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      if (set < sets && t0 + j < a.rows) {
-        const int64_t offset = row_offset(a, r);
+      for (int j = 0; j < kRows; ++j) {
+        const bool live = set < sets && t0 + j < a.rows;
+        T* const row_y = y + row_offset(a, at);
 #pragma unroll
         for (int p = 0; p < kPacks; ++p) {
-          const int col = (p * group + member) * kVec;
-          if (col < a.cols) {
-            store_vector<kVec>(y, offset + col,
-                               kept_probabilities<T, kVec>(in[j][p], keep[j][p], scale, base[j], inv[j]));
-          }
+          const int col = column(p);
+          const AlignedVector<T, kVec> out = warp_any(col < kept[j])
+                                                 ? probabilities_of<decltype(folded)::value>(in[j][p], scale, norm[j])
+                                                 : zeros<T, kVec>();
+          store_vector_if(live && col < cols, row_y + col, out);
         }
+        if (j + 1 < kRows) next_row(a, at, head_fastest);
       }
-      if (j + 1 < kRows) next_row(a, r, head_fastest);
-    }
+    });
   }
 }
 
@@ -262,6 +552,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_
 template <class T, int kVec>
 __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, Plan plan) {
   constexpr int kVectors = kRowForwardVectors;
+  constexpr uint32_t kAll = (1u << kVec) - 1u;
   static_assert(kVectors * kVec <= 32, "a thread's mask bits fit one 32-bit word");
   __shared__ Stats scratch[2][kMaxRowWarps];
   __shared__ ClusterExchange<Stats> cluster_stats;
@@ -278,8 +569,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
   const BlockRows rows(a.rows, cluster, a.causal);
   if (cluster > 1) exchange_init(cluster_stats);
 
-  // The next row's loads, issued a row ahead. Vectors a row does not load keep stale values, which
-  // its keep bits (0 past min(end, kept)) leave out.
+  // The next row's loads, issued a row ahead. Vectors at or past a row's limit are not loaded: they
+  // keep stale values, which the row drops whole (zeros are written there).
   Packed<T, kVec> next[kVectors];
   MaskBytes<kVec> next_mask[kVectors];
 #pragma unroll
@@ -289,15 +580,37 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
   const uint8_t* next_mask_row = nullptr;
   const uint8_t* mask_row_now = nullptr;  // the mask row `bits` holds
   uint32_t bits = 0;                      // bit k * kVec + e: element e of vector k is masked
+  // Where row t lies. Without a mask the rows go in storage order: row t starts at t * cols, and only
+  // causal rows divide (for their query index). With one, a block's consecutive rows (all but causal
+  // ones, which no masked op has) step by next_row() from the previous, without dividing.
+  RowIndex issued = a.mask != nullptr ? row_at(a, rows.first, head_fastest) : RowIndex{};
   const auto issue = [&](int64_t t) {
-    const RowIndex r = row_at(a, t, head_fastest);
-    next_offset = row_offset(a, r);
-    next_limit = static_cast<int>(std::min<int64_t>(end, row_kept(a, r)));
+    int64_t kept = a.cols;
+    if (a.mask == nullptr) {
+      next_offset = t * a.cols;
+      if (a.causal) {
+        int64_t rest, q;
+        div_mod(t, a.queries, rest, q);
+        kept = std::min<int64_t>(q + 1, a.cols);
+      }
+      next_mask_row = nullptr;
+    } else {
+      if (t != rows.first) {
+        if (rows.step == 1) {
+          next_row(a, issued, head_fastest);
+        } else {
+          issued = row_at(a, t, head_fastest);
+        }
+      }
+      next_offset = row_offset(a, issued);
+      kept = row_kept(a, issued);
+      next_mask_row = mask_row(a, issued);
+    }
+    next_limit = static_cast<int>(std::min<int64_t>(end, kept));
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       if (column(k) < next_limit) next[k] = Packed<T, kVec>::load(x, next_offset + column(k));
     }
-    next_mask_row = a.mask != nullptr ? mask_row(a, r) : nullptr;
     if (next_mask_row != mask_row_now) {
 #pragma unroll
       for (int k = 0; k < kVectors; ++k) {
@@ -321,30 +634,44 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
       mask_row_now = next_mask_row;
     }
     if (t + rows.step < rows.end) issue(t + rows.step);
-    uint32_t keep[kVectors];
-    float most = kNegInf;
+    // Dropped elements become -inf; this thread's largest scaled element, and its exponentials' sum.
+    // A warp's k-th vectors are consecutive columns: all of them or none are live but at the causal
+    // bound, so the passes skip (warp_any) the vectors past it. A lane's own vector past its limit
+    // (not loaded) is dropped whole.
+    LoadedMax<T> most;
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
-      keep[k] = range_bits<kVec>(limit - column(k)) & ~(bits >> (k * kVec));
-      most = kept_max<T, kVec>(in[k], keep[k], scale, most);
+      const int room = limit - column(k);
+      if (warp_any(room > 0)) {
+        const uint32_t dropped = ((bits >> (k * kVec)) | bits_past<kVec>(room)) & kAll;
+        if (warp_any(dropped != 0)) drop_elements(in[k], Dropped<kVec>::from_bits(dropped));
+        most.absorb(in[k]);
+        if constexpr (LoadedMax<T>::template converts<kVec>()) launder(in[k]);
+      }
     }
+    const float own_max = most.value() * scale, own_base = exp_base(own_max);
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
-      launder(in[k]);
-      sum = kept_sum<T, kVec>(in[k], keep[k], scale, exp_base(most), sum);
+      if (warp_any(column(k) < limit)) sum = exp_sum(in[k], scale, own_base, sum);
     }
-    Stats stats =
-        block_all_reduce_once(Stats{most, sum}, MergeStats{}, Stats::empty(), scratch, static_cast<int>(n & 1u));
+    Stats stats = block_stats_once(Stats{own_max, sum}, scratch, static_cast<int>(n & 1u));
     if (cluster > 1) stats = exchange(cluster_stats, stats, MergeStats{}, Stats::empty(), cluster, n);
-    const float base = exp_base(stats.max), inv = inverse_sum(stats.sum);
+    const Normalizer norm = Normalizer::of<T>(stats.max, stats.sum);  // the block's
+    T* const row_y = y + offset + col0;
 #pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
-      launder(in[k]);
-      if (column(k) < end) {
-        store_vector<kVec>(y, offset + column(k), kept_probabilities<T, kVec>(in[k], keep[k], scale, base, inv));
+    for (int k = 0; k < kVectors; ++k) launder(in[k]);
+    // The same in every lane; asked by a vote, which ptxas knows to be uniform.
+    with_folding(!warp_any(!norm.folded), [&](auto folded) {
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+        const AlignedVector<T, kVec> out = warp_any(column(k) < limit)
+                                               ? probabilities_of<decltype(folded)::value>(in[k], scale, norm)
+                                               : zeros<T, kVec>();
+        // 32-bit steps from the row's pointer: one IMAD.WIDE per vector.
+        store_vector_if(column(k) < end, row_y + k * stride, out);
       }
-    }
+    });
   }
   if (cluster > 1) exchange_finish();
 }
@@ -420,7 +747,19 @@ void run(const ForwardArgs& args, const Cuda& device) {
   void (*row_kernel)(ForwardArgs, Plan) = nullptr;
   if constexpr (kVec > 1) row_kernel = row_forward<T, kVec>;
   // Staged (block kernel): the chunk's elements and one byte of keep bits per vector.
-  run_rows(args, device, kVec, kRowForwardVectors, sizeof(T) + 1.0 / kVec, row_kernel, block_forward<T, kVec>,
+  const double stage_bytes_per_column = sizeof(T) + 1.0 / kVec;
+  // The warp and row kernels take positive finite scales (in the exp2 domain, as they compute it):
+  // they overwrite dropped elements with -inf, which only such a scale keeps at -inf. Any other scale
+  // (0, negative, NaN, overflowing) takes the block kernel, which selects per element; no model uses one.
+  const float exp2_scale = args.scale * kLog2e;
+  if (!(exp2_scale > 0.0f && exp2_scale < INFINITY)) {
+    Plan plan{};
+    plan.vec = kVec;
+    plan_block(plan, args.cols, stage_bytes_per_column, device, supports_clusters(block_forward<T, kVec>, device));
+    launch_block_kernel(block_forward<T, kVec>, plan, args, device, "fused_softmax forward");
+    return;
+  }
+  run_rows(args, device, kVec, kRowForwardVectors, stage_bytes_per_column, row_kernel, block_forward<T, kVec>,
            warp_kernels, "fused_softmax forward");
 }
 

@@ -126,6 +126,58 @@ def test_fully_masked_rows_are_zeros(device, dtype):
         assert (z == 0).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scattered_inf_scores_beside_a_mask(device, dtype):
+    """-inf scores among finite ones and masked columns, and rows of -inf scores beside finite rows
+    (the CUDA warp kernel reduces several rows per warp): -inf scores take no part, as masked ones."""
+    for sk in cols_for(device)[::2]:
+        x = torch.randn(2, 3, 5, sk, device=device).to(dtype) * 3
+        x[torch.rand(x.shape, device=device) < 0.2] = float("-inf")
+        x[0, 1, 2] = float("-inf")
+        mask = torch.rand(2, 1, 5, sk, device=device) < 0.3
+        y = ops().scaled_masked_softmax_forward(x, mask, 0.8)
+        check(y, reference(x, 0.8, mask.expand_as(x)), TOL[dtype])
+        assert (y[0, 1, 2] == 0).all()
+        check(ops().scaled_softmax_forward(x, 0.8), reference(x, 0.8), TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [-0.6, 0.0])
+def test_non_positive_scales(device, dtype, scale):
+    """A negative or zero scale (the CUDA warp and row kernels take positive ones: these take the
+    block kernel) still gives softmax(scale * x) over the kept columns, and zeros where none is kept."""
+    for sk in cols_for(device)[::3]:
+        x = torch.randn(2, 2, 3, sk, device=device).to(dtype) * 3
+        mask = torch.rand(2, 1, 3, sk, device=device) < 0.3
+        mask[1, :, 2] = True
+        y = ops().scaled_masked_softmax_forward(x, mask, scale)
+        check(y, reference(x, scale, mask.expand_as(x)), TOL[dtype])
+        assert (y[1, :, 2] == 0).all()
+    for sq in [5, 33] + ([1100] if device == "cuda" else []):
+        x = torch.randn(2, sq, sq, device=device).to(dtype)
+        check(ops().scaled_upper_triang_masked_softmax_forward(x, scale), reference(x, scale, causal=True), TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_scores(device, dtype):
+    """Scaled scores in the hundreds, alone and beside rows of small ones: the CUDA kernels fold 1/sum
+    into the exponent only while the max and log2(sum) are small (16-bit outputs), and multiply
+    elsewhere; a warp holding both kinds of rows multiplies for all of them."""
+    for sk in cols_for(device)[::2]:
+        x = torch.randn(2, 4, 3, sk, device=device)
+        x[:, 1::2] *= 120  # every other head: scaled scores past the fold's limit
+        x = x.to(dtype)
+        mask = torch.rand(2, 1, 3, sk, device=device) < 0.3
+        y = ops().scaled_masked_softmax_forward(x, mask, 1.1)
+        # float32 rounds scale * x once: an error of 2^-24 of |scale * x| in each exponent, past
+        # float32's usual few ulps where scores are in the hundreds.
+        tol = max(TOL[dtype], 4 * 2.0**-24 * 1.1 * x.float().abs().max().item())
+        check(y, reference(x, 1.1, mask.expand_as(x)), tol)
+
+
 # The CUDA kernels' size boundaries, per dtype: (forward, backward) columns at which the kernel changes
 # (softmax_cuda.cuh: the warp kernel holds 8 / 4 16-byte vectors per lane, the row kernel 4 / 2 per
 # thread of up to 1024 threads, clusters of up to 8 blocks; past them the block kernel). Each list
