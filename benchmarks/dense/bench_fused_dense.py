@@ -5,8 +5,10 @@ ceiling, at GPT-class shapes: tokens x hidden, intermediate 4 x hidden, bf16 and
 FusedDense is the up-projection hidden -> 4 hidden; FusedDenseGeluDense is hidden -> 4 hidden -> hidden.
 "fwd" times forward calls on inputs and parameters that require grad (what training runs);
 "fwd+bwd" adds backward of a given output gradient (parameter grads reset to None each call, so no
-accumulation). Each timing is the median of batches of back-to-back calls between CUDA events
-(gemm_bench.batch_ms); the ceiling is the same pass's GEMMs as plain torch.matmul calls.
+accumulation). Each timing is the median of batches of back-to-back calls between CUDA events, the
+implementations and the ceiling (the same pass's GEMMs as plain torch.matmul calls) timed
+interleaved, a batch of each in turn, so that GPU clock drift affects them alike
+(gemm_bench.interleaved_ms).
 
     python benchmarks/dense/bench_fused_dense.py [--dtypes bf16 fp16] [--quick] [--shapes 4096x1024 8192x4096 16384x8192]
 """

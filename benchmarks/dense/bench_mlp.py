@@ -4,7 +4,8 @@ bf16 and fp16), and NVIDIA apex's own L0 test MLP [480, 1024, 1024, 512, 256, 1]
 
 "fwd" times forward calls on inputs and parameters that require grad; "fwd+bwd" adds backward of a
 given output gradient (parameter grads reset to None each call). Medians of batches of back-to-back
-calls between CUDA events (gemm_bench.batch_ms); the ceiling is the pass's GEMMs as torch.matmul calls.
+calls between CUDA events, the implementations and the ceiling (the pass's GEMMs as torch.matmul
+calls) interleaved batch by batch against GPU clock drift (gemm_bench.interleaved_ms).
 
     python benchmarks/dense/bench_mlp.py [--dtypes bf16 fp16] [--quick] [--shapes 4096x1024 8192x4096 16384x8192]
 """

@@ -4,7 +4,8 @@ Megatron's unfused path; ``main_grad.addmm_`` for a 16-bit main_grad), torch.com
 ceiling: the GEMM ``d_output.t() @ input`` alone as one torch.matmul call. Shapes are GPT layers'
 weight gradients (tokens x in_features x out_features), bf16 and fp16 inputs.
 
-Medians of batches of back-to-back calls between CUDA events (gemm_bench.batch_ms).
+Medians of batches of back-to-back calls between CUDA events, the implementations and the ceiling
+interleaved batch by batch against GPU clock drift (gemm_bench.interleaved_ms).
 
     python benchmarks/dense/bench_wgrad.py [--dtypes bf16 fp16] [--quick] [--shapes 8192x4096x16384 ...]
 """

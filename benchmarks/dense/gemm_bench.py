@@ -1,10 +1,15 @@
 """What the GEMM-bound benchmarks (bench_fused_dense.py, bench_mlp.py, bench_wgrad.py) share.
 
 Timing: batches of back-to-back calls between two CUDA events (host launch overhead overlaps the
-previous calls' GPU work, as in training), the median batch. GEMM-bound work is judged in TFLOP/s
-against the *ceiling*: the same pass's GEMMs (same shapes and operand layouts) done by plain
-``torch.matmul`` calls back to back, with no bias, activation or reduction. "% ceiling" is
-ceiling time / measured time; "x eager" is torch eager time / measured time.
+previous calls' GPU work, as in training), the implementations of one case and its ceiling
+*interleaved*: a batch of each in turn, round after round (each round starting one implementation
+later), and each one's median batch. The GPU's clock drifts (heat, power) by more than the
+elementwise work that separates the implementations (GEMM time moved 3-7 % between back-to-back
+measurements on an H200); timed one after another, each would be measured at another clock, while
+interleaved batches see the same drift. GEMM-bound work is judged in TFLOP/s against the *ceiling*:
+the same pass's GEMMs (same shapes and operand layouts) done by plain ``torch.matmul`` calls back to
+back, with no bias, activation or reduction. "% ceiling" is ceiling time / measured time; "x eager"
+is torch eager time / measured time.
 """
 from __future__ import annotations
 
@@ -45,27 +50,32 @@ def parse_args(doc: str, script: str, shapes: list[str], quick_shapes: list[str]
     return args
 
 
-def batch_ms(fn: Callable[[], object], *, seconds: float = 0.1, batches: int = 3) -> float:
-    """Milliseconds per call of ``fn``: the median over ``batches`` batches of back-to-back calls,
-    each batch about ``seconds`` long (at least one call). The first call (compilation, cuBLASLt's
-    heuristics, allocator growth) is not timed."""
-    fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def _batch_ms(fn: Callable[[], object], calls: int, start: torch.cuda.Event, stop: torch.cuda.Event) -> float:
+    """Milliseconds per call of ``calls`` back-to-back calls of ``fn`` between two events."""
     start.record()
-    fn()
+    for _ in range(calls):
+        fn()
     stop.record()
     stop.synchronize()
-    calls = max(1, int(seconds * 1e3 / max(start.elapsed_time(stop), 1e-3)))
-    samples = []
-    for _ in range(batches):
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop) / calls)
-    return statistics.median(samples)
+    return start.elapsed_time(stop) / calls
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], *, seconds: float = 0.05, rounds: int = 7) -> dict[str, float]:
+    """Milliseconds per call of each of ``fns``: the median over ``rounds`` rounds, each timing one batch of
+    every function in turn (about ``seconds`` each, at least one call), round r starting with the r-th
+    function so that none always follows the same one. The first call of each (compilation, cuBLASLt's
+    heuristics, allocator growth) is not timed; a second, timed alone, sizes its batches."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    calls = {name: max(1, int(seconds * 1e3 / max(_batch_ms(fn, 1, start, stop), 1e-3))) for name, fn in fns.items()}
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(_batch_ms(fns[name], calls[name], start, stop))
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 @dataclass(frozen=True)
@@ -98,17 +108,15 @@ def linear_gemms(tokens: int, in_features: int, out_features: int, backward: boo
     return gemms
 
 
-def ceiling_ms(gemms: Sequence[Gemm], dtype: torch.dtype) -> float:
-    """Time of the GEMMs as plain torch.matmul calls, back to back."""
+def ceiling_call(gemms: Sequence[Gemm], dtype: torch.dtype) -> Callable[[], None]:
+    """The GEMMs as plain torch.matmul calls, back to back (the call keeps its operands alive)."""
     operands = [g.operands(dtype) for g in gemms]
 
     def run():
         for a, b in operands:
             torch.matmul(a, b)
 
-    ms = batch_ms(run)
-    del operands
-    return ms
+    return run
 
 
 def module_passes(module: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> dict[str, Callable[[], object]]:
@@ -146,12 +154,12 @@ class GemmTable:
 
     def time(self, case: str, pass_: str, calls: dict[str, Callable[[], object]], gemms: Sequence[Gemm],
              dtype: torch.dtype) -> None:
-        """Times every implementation in ``calls`` (one of them "torch eager") and the ceiling of ``gemms``."""
-        ceiling = ceiling_ms(gemms, dtype)
+        """Times every implementation in ``calls`` (one of them "torch eager") and the ceiling of ``gemms``,
+        interleaved (interleaved_ms)."""
+        times = interleaved_ms({**calls, "torch.matmul": ceiling_call(gemms, dtype)})
         flops = sum(g.flops for g in gemms)
-        times = {impl: batch_ms(call) for impl, call in calls.items()}
-        for impl, ms in [*times.items(), ("torch.matmul", ceiling)]:
-            self.add(case, pass_, impl, ms, flops, ceiling, times["torch eager"])
+        for impl, ms in times.items():
+            self.add(case, pass_, impl, ms, flops, times["torch.matmul"], times["torch eager"])
 
     def verdicts(self, speedup_target: Optional[float] = 1.10, ceiling_target: Optional[float] = None) -> str:
         """One line per judged case and pass against the issue's targets: apex >= ``speedup_target`` x torch

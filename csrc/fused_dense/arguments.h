@@ -97,6 +97,19 @@ inline Activation gelu_of(const char* op, c10::string_view approximate) {
   return Activation::kGelu;
 }
 
+// fused_dense_activation_bias_grad's activation names: "none", "relu", "sigmoid", "gelu" (exact, erf) or
+// "gelu_tanh" (the tanh approximation).
+inline Activation activation_named(const char* op, c10::string_view name) {
+  if (name == "none") return Activation::kNone;
+  if (name == "relu") return Activation::kRelu;
+  if (name == "sigmoid") return Activation::kSigmoid;
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "gelu_tanh") return Activation::kGeluTanh;
+  APEX_CHECK(false, op, ": activation must be 'none', 'relu', 'sigmoid', 'gelu' or 'gelu_tanh', got '",
+             std::string(name), "'");
+  return Activation::kNone;
+}
+
 // apex.mlp's activation numbers.
 inline Activation mlp_activation(int64_t activation) {
   APEX_CHECK(activation >= 0 && activation <= 2, "mlp: activation must be 0 (none), 1 (relu) or 2 (sigmoid), got ",

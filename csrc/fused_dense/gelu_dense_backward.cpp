@@ -31,9 +31,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> GeluBackw
     linear_param_grads(grad2, as_matrix(output1), mask[3] ? &grad_weight2 : nullptr, mask[4] ? &grad_bias2 : nullptr);
     if (!(mask[0] || mask[1] || mask[2])) return;
     const at::Tensor pre = as_matrix(gelu_in).contiguous();
-    at::Tensor grad_pre = at::empty_like(pre);  // the gradient at GELU's input
-    matmul_activation_grad(device, grad2, weight2, grad_pre, gelu, pre);
-    linear_param_grads(grad_pre, as_matrix(input), mask[1] ? &grad_weight1 : nullptr, mask[2] ? &grad_bias1 : nullptr);
+    // The gradient at GELU's input, and bias1's (its column sums) in the same pass.
+    at::Tensor grad_pre = at::empty_like(pre);
+    matmul_activation_grad(device, grad2, weight2, grad_pre, gelu, pre, mask[2] ? &grad_bias1 : nullptr);
+    linear_param_grads(grad_pre, as_matrix(input), mask[1] ? &grad_weight1 : nullptr, nullptr);
     if (mask[0]) matmul(grad_pre, weight1, as_matrix(grad_input));
   });
   return {grad_input, grad_weight1, grad_bias1, grad_weight2, grad_bias2};

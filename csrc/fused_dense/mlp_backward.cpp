@@ -25,22 +25,21 @@ std::vector<at::Tensor> MlpBackward::call(int64_t use_bias, int64_t activation, 
   for (size_t i = 1; i < inputs.size(); ++i) grads.push_back(at::empty_symint(inputs[i].sym_sizes(), input.options()));
   launch<Device>(input, [&](const auto& device) {
     auto activation_of = [&](int64_t l) { return as_matrix(fprop_outputs[l == layers - 1 ? 0 : l + 1]).contiguous(); };
-    // grad_z: the gradient at layer l's pre-activation, from the last layer down.
+    auto grad_bias_of = [&](int64_t l) { return use_bias ? &grads[1 + layers + l] : nullptr; };
+    // grad_z: the gradient at layer l's pre-activation, from the last layer down. Each layer's bias
+    // gradient is taken in the pass that makes grad_z (bias_grad.h): the activation derivative's, or,
+    // without an activation, a column sum alone.
     at::Tensor grad_z = as_matrix(grad_o).contiguous();
-    if (act != Activation::kNone) {
-      at::Tensor scaled = at::empty_like(grad_z);
-      activation_grad(device, ActivationGradArgs{grad_z.const_data_ptr(), activation_of(layers - 1).const_data_ptr(),
-                                                 scaled.mutable_data_ptr(), scaled.numel(),
-                                                 floating_dtype(scaled, op, "grad_o"), act});
-      grad_z = scaled;
-    }
+    const at::Tensor top = act == Activation::kNone ? grad_z : at::empty_like(grad_z);
+    pre_activation_grads(device, grad_z, activation_of(layers - 1), act, &top, grad_bias_of(layers - 1));
+    grad_z = top;
     for (int64_t l = layers - 1; l >= 0; --l) {
       const at::Tensor below = l == 0 ? as_matrix(input) : activation_of(l - 1);
-      linear_param_grads(grad_z, below, &grads[1 + l], use_bias ? &grads[1 + layers + l] : nullptr);
+      linear_param_grads(grad_z, below, &grads[1 + l], nullptr);
       const at::Tensor& weight = inputs[1 + l];
       if (l > 0) {
         at::Tensor grad_below = at::empty_like(below);
-        matmul_activation_grad(device, grad_z, weight, grad_below, act, below);
+        matmul_activation_grad(device, grad_z, weight, grad_below, act, below, grad_bias_of(l - 1));
         grad_z = grad_below;
       } else if (input_grad) {
         matmul(grad_z, weight, as_matrix(grads[0]));
