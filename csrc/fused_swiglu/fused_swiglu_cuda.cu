@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "apex/cuda.cuh"
+#include "apex/fast_exp2.cuh"
 #include "fused_swiglu.h"
 #include "swiglu_math.h"
 
@@ -33,6 +34,16 @@ constexpr int64_t kPlanTileColumns = kColumns * 8;
 
 template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// 16-bit data take the special-function unit's sigmoid (a few ulp of float, far below a 16-bit
+// rounding). With expf and an IEEE division the bf16 forward issued ~46 instructions an element:
+// more than an H200 SM issues while its memory streams at copy speed (~41 an element forward, ~69
+// a gate/up pair backward), so the kernels were issue-bound there (78-85% of copy).
+struct FastSigmoid {
+  C10_DEVICE float operator()(float a) const { return fast_sigmoid(a); }
+};
+template <class T>
+using SigmoidFor = std::conditional_t<sizeof(T) == 2, FastSigmoid, Sigmoid>;
 
 // Row chunks (gridDim.y): enough blocks for kBlocksPerSm per SM over the column tiles.
 int64_t row_chunks(const Cuda& device, int64_t rows, int64_t half) {
@@ -99,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, kMinForwardBlocksPerSm)
         AlignedVector<T, kVec> out;
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          out.value[k] = static_cast<T>(swiglu(in.gate[u][k] + bias_gate[k], in.up[u][k] + bias_up[k]));
+          out.value[k] = static_cast<T>(swiglu(in.gate[u][k] + bias_gate[k], in.up[u][k] + bias_up[k], SigmoidFor<T>{}));
         }
         store_vector<kVec>(y, r * half + col, out);
       }
@@ -137,7 +148,8 @@ __global__ void __launch_bounds__(kThreads, kMinBackwardBlocksPerSm)
         AlignedVector<T, kVec> d_gate, d_up;
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          const SwigluGrad<Acc> d = swiglu_grad(g[u][k], in.gate[u][k] + bias_gate[k], in.up[u][k] + bias_up[k]);
+          const SwigluGrad<Acc> d = swiglu_grad(g[u][k], in.gate[u][k] + bias_gate[k], in.up[u][k] + bias_up[k],
+                                                   SigmoidFor<T>{});
           d_gate.value[k] = static_cast<T>(d.gate);
           d_up.value[k] = static_cast<T>(d.up);
           if constexpr (kBiasGrad) {

@@ -15,14 +15,18 @@ inline Vector exp_of(const Vector& x) {  // at::vec::Vectorized: Sleef's exp
   return x.exp();
 }
 
-template <class Acc>
-C10_HOST_DEVICE inline Acc sigmoid(Acc a) {
-  return Acc(1) / (Acc(1) + exp_of(Acc(0) - a));
-}
+// 1 / (1 + e^-a), with the accurate exp and an IEEE division (as torch computes it). The CUDA
+// kernels of 16-bit data pass a faster one (apex/fast_exp2.cuh's fast_sigmoid) in its place.
+struct Sigmoid {
+  template <class Acc>
+  C10_HOST_DEVICE Acc operator()(Acc a) const {
+    return Acc(1) / (Acc(1) + exp_of(Acc(0) - a));
+  }
+};
 
 // y = silu(a) * b = a * sigmoid(a) * b.
-template <class Acc>
-C10_HOST_DEVICE inline Acc swiglu(Acc a, Acc b) {
+template <class Acc, class SigmoidOf = Sigmoid>
+C10_HOST_DEVICE inline Acc swiglu(Acc a, Acc b, SigmoidOf sigmoid = {}) {
   return a * sigmoid(a) * b;
 }
 
@@ -33,8 +37,8 @@ struct SwigluGrad {
   Acc up;
 };
 
-template <class Acc>
-C10_HOST_DEVICE inline SwigluGrad<Acc> swiglu_grad(Acc g, Acc a, Acc b) {
+template <class Acc, class SigmoidOf = Sigmoid>
+C10_HOST_DEVICE inline SwigluGrad<Acc> swiglu_grad(Acc g, Acc a, Acc b, SigmoidOf sigmoid = {}) {
   const Acc s = sigmoid(a);
   const Acc silu = a * s;
   return {g * b * (s + silu * (Acc(1) - s)), g * silu};

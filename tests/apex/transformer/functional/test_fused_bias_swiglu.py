@@ -57,6 +57,28 @@ def test_forward_backward(device, dtype, with_bias):
             check(actual[1], expected_bias, dtype, scale=4 * x[..., 0].numel() ** 0.5)
 
 
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_saturated_and_infinite_gates(device, dtype):
+    """Gates where the sigmoid saturates or overflows (the 16-bit CUDA kernels take the hardware's
+    ex2/rcp approximations: 2^x overflows to inf below x ~ -88, where the sigmoid must give 0) and
+    infinite ones (silu(-inf) is NaN, as -inf / (1 + inf) is in torch)."""
+    edges = [-float("inf"), -6e4, -1e4, -100.0, -90.0, -88.0, -87.0, -30.0, -1e-3, 0.0, 1e-3, 30.0, 87.0, 88.0,
+             90.0, 100.0, 1e4, float("inf")]  # |silu(gate) * up| < 2e4: finite in float16 too
+    gate = torch.tensor(edges * 2, device=device).to(dtype)[:32]  # 32 columns: the vector path for every dtype
+    x = torch.cat([gate, torch.linspace(-2, 2, gate.numel(), device=device).to(dtype)]).reshape(1, -1)
+    g = torch.linspace(-1, 1, gate.numel(), device=device).to(dtype).reshape(1, -1)
+    torch.testing.assert_close(fused_bias_swiglu(x).double(), reference(x, None), rtol=TOL[dtype],
+                               atol=TOL[dtype], equal_nan=True)
+    xd = x.detach().double().requires_grad_()
+    (expected,) = torch.autograd.grad(reference(xd, None), xd, g.double())
+    (actual,) = torch.autograd.grad(fused_bias_swiglu(x.requires_grad_()), x, g)
+    finite = expected.isfinite()  # not at the infinite gates (NaN there), nor ours
+    assert not actual[~finite].isfinite().any()
+    scale = expected[finite].abs().max().item()
+    torch.testing.assert_close(actual.double()[finite], expected[finite], rtol=TOL[dtype], atol=TOL[dtype] * scale)
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_autograd_function_module_and_historical_face(device):
     x = torch.randn(6, 32, device=device, requires_grad=True)
