@@ -46,7 +46,7 @@ struct BackwardArgs {
 
 void forward(const Cpu&, const ForwardArgs&);  // fused_softmax_cpu.cpp
 void backward(const Cpu&, const BackwardArgs&);
-void forward(const Cuda&, const ForwardArgs&);  // softmax_forward.cu
+void forward(const Cuda&, const ForwardArgs&);  // softmax_forward_float32.cu (kernels: softmax_forward.cuh)
 void backward(const Cuda&, const BackwardArgs&);  // softmax_backward.cu
 
 }  // namespace apex::fused_softmax

@@ -25,7 +25,7 @@
 // Data stays in registers as loaded (Packed) and is converted to float where used; exp(x) is
 // computed as exp2(x * log2(e)) (one FFMA, one MUFU.EX2). The forward warp and row kernels (positive
 // scales) overwrite the elements that take no part with -inf once, in place, instead of selecting per
-// element in every pass; softmax_forward.cu says how.
+// element in every pass; softmax_forward.cuh says how.
 //
 // Row order: with a mask shared by the heads ([b, 1, sq, sk]), the warp and row kernels visit rows
 // head-fastest, (b, q, h), so consecutive rows of a lane or block use one mask row: it is read once
@@ -700,5 +700,10 @@ C10_DEVICE V exchange(ClusterExchange<V>& e, V value, Combine combine, const V& 
   return value;
 #endif
 }
+
+// The forward for element type T (softmax_forward.cuh), instantiated once per dtype, each in a unit
+// of its own (softmax_forward_<dtype>.cu); forward() dispatches to it (softmax_forward_float32.cu).
+template <class T>
+void forward_as(const Cuda& device, const ForwardArgs& args);
 
 }  // namespace apex::fused_softmax

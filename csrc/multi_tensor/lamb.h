@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "apex/multi_tensor_kernel.h"
+#include "dtype_units.h"
 
 namespace apex::multi_tensor {
 
@@ -211,8 +212,8 @@ inline LambTrust lamb_trust(const LambArgs& args) {
 }
 
 // Grads G, params P (G, or float32 master weights of 16-bit grads), states S (P or float32);
-// params_out G.
-template <class Engine, class Device>
+// params_out G. Params: the params dtypes that get kernels (dtype_units.h).
+template <class Engine, class Params = AllDtypes, class Device>
 void run_lamb(const Device& device, const TensorLists& lists, int* flag, const LambArgs& args,
               const LambBuffers& buffers) {
   LambStatsFunctor stats;
@@ -229,7 +230,7 @@ void run_lamb(const Device& device, const TensorLists& lists, int* flag, const L
     dispatch_param_state(lists.dtypes[1], lists.dtypes[2], [&](auto p, auto s) {
       using P = TypeOf<decltype(p)>;
       using S = TypeOf<decltype(s)>;
-      if constexpr (std::is_same_v<G, P> || std::is_same_v<P, float>) {
+      if constexpr (Params::template kRuns<P> && (std::is_same_v<G, P> || std::is_same_v<P, float>)) {
         Engine::template tensor_sums<TypeList<G, P, S, S>, kLambSums>(device, lists.select({0, 1, 2, 3}, storage),
                                                                      stats, buffers.scratch, buffers.sums);
         if (apply.has_copy) {

@@ -37,7 +37,7 @@ void scale(const Cpu&, const TensorLists& lists, int* flag, const ScaleFunctor& 
 void scale(const Cuda&, const TensorLists& lists, int* flag, const ScaleFunctor& op);
 // lists: [x, y, out], each list of any float dtype of its own (as NVIDIA and ROCm apex allow).
 void axpby(const Cpu&, const TensorLists& lists, int* flag, const AxpbyFunctor& op);
-void axpby(const Cuda&, const TensorLists& lists, int* flag, const AxpbyFunctor& op);
+void axpby(const Cuda&, const TensorLists& lists, int* flag, const AxpbyFunctor& op);  // axpby_cuda.cu
 
 template <class Engine, class Device>
 void run_scale(const Device& device, const TensorLists& lists, int* flag, const ScaleFunctor& op) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "apex/multi_tensor_kernel.h"
+#include "dtype_units.h"
 
 namespace apex::multi_tensor {
 
@@ -72,12 +73,15 @@ void sgd(const Cuda&, const TensorLists& lists, int* flag, const SgdFunctor& op)
 // The lists of SGD-like steps (SGD, LARS) [grads, weights, momentum_buffers(, weights_out)] in
 // apex's combinations: grads in the weights' dtype or 16-bit grads on fp32 weights, and for the
 // 4-list form fp32 weights and momentum plus a copy in the grads' dtype (any dtype from fp32 grads).
-template <class Engine, class Device, class Op>
+// Grads: the grads dtypes that get kernels (dtype_units.h).
+template <class Engine, class Grads = AllDtypes, class Device, class Op>
 void run_momentum_step(const Device& device, const TensorLists& lists, int* flag, const Op& op) {
   dispatch_param_state(lists.dtypes[0], lists.dtypes[1], [&](auto g, auto w) {
     using G = TypeOf<decltype(g)>;
     using W = TypeOf<decltype(w)>;
-    if (!op.has_copy) {
+    if constexpr (!Grads::template kRuns<G>) {
+      return;
+    } else if (!op.has_copy) {
       Engine::template elementwise<TypeList<G, W, W>>(device, lists, flag, op);
     } else if constexpr (std::is_same_v<W, float>) {
       // The copy has the grads' dtype, or any dtype when the grads are float32.

@@ -61,7 +61,7 @@ struct JointBackwardArgs {
 
 void joint_forward(const Cpu&, const JointArgs&);             // transducer_cpu.cpp
 void joint_backward(const Cpu&, const JointBackwardArgs&);
-void joint_forward(const Cuda&, const JointArgs&);            // transducer_cuda.cu
+void joint_forward(const Cuda&, const JointArgs&);            // transducer_joint_cuda.cu
 void joint_backward(const Cuda&, const JointBackwardArgs&);
 // Floats of scratch joint_backward needs (the CUDA kernel's partial g_grad sums over blocks of
 // frames, when one pass splits the frames; 0: none). `workspace` is not read.
@@ -95,7 +95,7 @@ struct LossBackwardArgs {
 
 void loss_forward(const Cpu&, const LossArgs&);
 void loss_backward(const Cpu&, const LossBackwardArgs&);
-void loss_forward(const Cuda&, const LossArgs&);
+void loss_forward(const Cuda&, const LossArgs&);                 // transducer_loss_cuda.cu
 void loss_backward(const Cuda&, const LossBackwardArgs&);
 
 }  // namespace apex::transducer

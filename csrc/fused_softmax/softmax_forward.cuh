@@ -1,6 +1,9 @@
+#pragma once
 // fused_softmax: the forward CUDA kernels, y = softmax(scale * x) over each row with masked columns
 // taking no part (y = 0). Kernel shapes and the plan: softmax_cuda.cuh. Causal rows load only the
 // columns up to the diagonal and write zeros past it without reading anything.
+// forward_as<T> is instantiated once per dtype, each in a unit of its own (softmax_forward_<dtype>.cu),
+// so that ninja compiles the dtypes in parallel: as one unit they were the op's slowest.
 #include "softmax_cuda.cuh"
 
 namespace apex::fused_softmax {
@@ -765,21 +768,23 @@ void run(const ForwardArgs& args, const Cuda& device) {
 
 }  // namespace
 
-void forward(const Cuda& device, const ForwardArgs& args) {
-  if (args.rows == 0 || args.cols == 0) return;
-  dispatch_floating<false>(args.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    constexpr int kVec = vector_width<T>();
-    // The mask is read kVec bytes at a time: its rows must start kVec-aligned too.
-    const bool mask_aligned = args.mask == nullptr ||
-                              (is_aligned(args.mask, kVec) && args.mask_batch_stride % kVec == 0 &&
-                               args.mask_head_stride % kVec == 0 && args.mask_query_stride % kVec == 0);
-    if (mask_aligned && vector_path<T>(args.cols, {args.x, args.y})) {
-      run<T, kVec>(args, device);
-    } else {
-      run<T, 1>(args, device);
-    }
-  });
+template <class T>
+void forward_as(const Cuda& device, const ForwardArgs& args) {
+  constexpr int kVec = vector_width<T>();
+  // The mask is read kVec bytes at a time: its rows must start kVec-aligned too.
+  const bool mask_aligned = args.mask == nullptr ||
+                            (is_aligned(args.mask, kVec) && args.mask_batch_stride % kVec == 0 &&
+                             args.mask_head_stride % kVec == 0 && args.mask_query_stride % kVec == 0);
+  if (mask_aligned && vector_path<T>(args.cols, {args.x, args.y})) {
+    run<T, kVec>(args, device);
+  } else {
+    run<T, 1>(args, device);
+  }
 }
+
+// Each instantiated by its own unit only (softmax_forward_<dtype>.cu), not by forward()'s calls.
+extern template void forward_as<float>(const Cuda& device, const ForwardArgs& args);
+extern template void forward_as<c10::Half>(const Cuda& device, const ForwardArgs& args);
+extern template void forward_as<c10::BFloat16>(const Cuda& device, const ForwardArgs& args);
 
 }  // namespace apex::fused_softmax
