@@ -1,7 +1,7 @@
 // index_mul_2d: CUDA kernels.
 //
-// Forward: a 2-D grid (apex/row_grid.cuh) walks [rows, features] in 16-byte packs; each row reads
-// its index once and gathers the in1 pack it needs.
+// Forward: a 2-D grid (apex/row_grid.cuh) walks [rows, features] in 16-byte packs, each thread
+// kForwardRows rows at a time; each row reads its index once and gathers the in1 pack it needs.
 //
 // Backward passes: grad_in1[s] sums a product over every row whose index is s. This file used to
 // add each row's products into a float copy of grad_in1 with float4 atomics: on the benchmark's
@@ -107,36 +107,123 @@ C10_DEVICE void add_product(Values<Acc, kVec>& sum, const Values<Acc, kVec>& a, 
   for (int k = 0; k < kVec; ++k) sum.value[k] += a.value[k] * b.value[k];
 }
 
+// ---- accesses to rows that are read or written once -----------------------------------------------
+
+// The unsigned type of `kBytes` bytes that one load or store instruction moves.
+template <int kBytes>
+struct BitsOf;
+template <> struct BitsOf<2> { using type = unsigned short; };
+template <> struct BitsOf<4> { using type = unsigned int; };
+template <> struct BitsOf<8> { using type = uint2; };
+template <> struct BitsOf<16> { using type = uint4; };
+
+// A pack as the bits it was loaded as. Batches of loads are held in this form until used: held as
+// AlignedVector<BFloat16, 8>, nvcc gives every 16-bit element a register of its own (ptxas spilled
+// them: STL.S16 in the SASS), twice the registers of the 4 words.
+template <class T, int kVec>
+using Raw = typename BitsOf<sizeof(T) * kVec>::type;
+
+template <class Acc, class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE Values<Acc, kVec> unpack(const Raw<T, kVec>& raw) {
+  AlignedVector<T, kVec> pack;
+  memcpy(&pack, &raw, sizeof(pack));
+  return convert<Acc>(pack);
+}
+
+template <int kVec, class T>
+C10_DEVICE C10_ALWAYS_INLINE Raw<T, kVec> load_raw(const T* base, int64_t offset) {
+  return *reinterpret_cast<const Raw<T, kVec>*>(base + offset);
+}
+
+// A pack of a row read once (in2, grad_out, grad_grad_in2 rows): an evict-first load (ld.global.cs),
+// so that hundreds of MB streaming through L2 do not push out in1 (6-13 MB on the benchmark), whose
+// rows every row gathers again.
+template <int kVec, class T>
+C10_DEVICE C10_ALWAYS_INLINE Raw<T, kVec> load_raw_once(const T* base, int64_t offset) {
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  return __ldcs(reinterpret_cast<const Raw<T, kVec>*>(base + offset));
+#else
+  return load_raw<kVec>(base, offset);
+#endif
+}
+
+// The store twin (st.global.cs): one instruction per pack, as apex/aligned_vector.cuh's
+// store_vector, with the evict-first hint.
+template <int kVec, class T, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE void store_once(T* base, int64_t offset, const Values<Acc, kVec>& values) {
+  AlignedVector<T, kVec> pack;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) pack.value[k] = static_cast<T>(values.value[k]);
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  using Bits = typename BitsOf<sizeof(T) * kVec>::type;
+  Bits bits;
+  memcpy(&bits, &pack, sizeof(bits));
+  __stcs(reinterpret_cast<Bits*>(base + offset), bits);
+#else
+  store_vector<kVec>(base, offset, pack);
+#endif
+}
+
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / C10_WARP_SIZE;
 
 // ---- forward ---------------------------------------------------------------------------------------
 
-constexpr int kForwardBlocksPerSm = 8;  // 2048 threads: a full H100/A100 SM at <= 32 registers
+// Each thread takes kForwardRows rows a step (rows a grid-height apart, so a warp's accesses stay
+// row-contiguous), issuing all their index loads, then all their in1 gathers and in2 loads, before it
+// uses any. The previous kernel had one row's loads in flight per thread, each gather waiting on its
+// index load: 64 KB in flight per SM, short of what the fp32 stream needs at H200 latency (83% of
+// copy against bf16's 88%; this one measured 87.7% fp32, 87.2% bf16, session 27).
+constexpr int kForwardRows = 4;
+// 768 threads an SM at <= 80 registers (ptxas -v, sm_90: 51-80, no spills).
+constexpr int kForwardRowsBlocksPerSm = 3;
 
 template <class T, int kVec>
-__global__ void __launch_bounds__(kThreads) forward_kernel(Args args) {
+__global__ void __launch_bounds__(kThreads, kForwardRowsBlocksPerSm) forward_rows_kernel(Args args) {
   using Acc = acc_type<T>;
   const T* in1 = static_cast<const T*>(args.in1);
   const T* in2 = static_cast<const T*>(args.in2);
   T* out = static_cast<T*>(args.out);
-  const int64_t features = args.features, packs = features / kVec;
-  cuda::for_each_row(args.rows, [&](int64_t row) {
-    int64_t source = args.index[row];
-    if (source < 0) source += args.sources;
-    const bool valid = source >= 0 && source < args.sources;
-    cuda::for_each_pack(packs, [&](int64_t pack) {
-      const int64_t at_row = row * features + pack * kVec, at_source = source * features + pack * kVec;
-      store<kVec>(out, at_row,
-                  valid ? mul(load<Acc, kVec>(in1, at_source), load<Acc, kVec>(in2, at_row)) : nan_values<Acc, kVec>());
-    });
-  });
+  const int64_t rows = args.rows, features = args.features, packs = features / kVec;
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  const int64_t pack_step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; first < rows;
+       first += step * kForwardRows) {
+    int64_t source[kForwardRows];
+    bool has[kForwardRows], valid[kForwardRows];
+#pragma unroll
+    for (int j = 0; j < kForwardRows; ++j) {
+      const int64_t row = first + j * step;
+      has[j] = row < rows;
+      source[j] = has[j] ? args.index[row] : 0;
+      if (source[j] < 0) source[j] += args.sources;
+      valid[j] = has[j] && source[j] >= 0 && source[j] < args.sources;
+    }
+    for (int64_t pack = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; pack < packs; pack += pack_step) {
+      Raw<T, kVec> a[kForwardRows], b[kForwardRows];
+#pragma unroll
+      for (int j = 0; j < kForwardRows; ++j) {
+        if (!valid[j]) continue;
+        a[j] = load_raw<kVec>(in1, source[j] * features + pack * kVec);
+        b[j] = load_raw_once<kVec>(in2, (first + j * step) * features + pack * kVec);
+      }
+#pragma unroll
+      for (int j = 0; j < kForwardRows; ++j) {
+        if (!has[j]) continue;
+        store_once<kVec>(out, (first + j * step) * features + pack * kVec,
+                         valid[j] ? mul(unpack<Acc, T, kVec>(a[j]), unpack<Acc, T, kVec>(b[j]))
+                                  : nan_values<Acc, kVec>());
+      }
+    }
+  }
 }
 
 template <class T, int kVec>
 void forward(const Cuda& device, const Args& args) {
-  const cuda::RowGrid grid = cuda::row_grid(args.rows, args.features / kVec, device, kThreads, kForwardBlocksPerSm);
-  forward_kernel<T, kVec><<<grid.grid, grid.block, 0, cuda::stream(device)>>>(args);
+  // Rows in steps of kForwardRows: the grid covers that many fewer row slots.
+  const cuda::RowGrid grid = cuda::row_grid((args.rows + kForwardRows - 1) / kForwardRows, args.features / kVec,
+                                            device, kThreads, kForwardRowsBlocksPerSm);
+  forward_rows_kernel<T, kVec><<<grid.grid, grid.block, 0, cuda::stream(device)>>>(args);
 }
 
 // ---- backward passes: the sorted index ------------------------------------------------------------

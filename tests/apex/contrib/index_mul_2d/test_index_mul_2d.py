@@ -6,6 +6,7 @@ import torch
 from torch.library import opcheck
 
 import fused_index_mul_2d
+from apex._ops import ops
 from apex.contrib.index_mul_2d import index_mul_2d
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -226,7 +227,7 @@ def assert_close_nan(actual, expected, dtype, scale=1.0):
 def check_backward(grad_out, in1, in2, idx, dtype, in1_scale, reference_in1=None):
     """The backward op against expected_backward (of reference_in1: in1's values when in1 is a
     strided copy); grad_in1's tolerance scaled by in1_scale (it sums that many rows' products)."""
-    grad_in1, grad_in2 = torch.ops.apex.index_mul_2d_backward(grad_out, in1, in2, idx)
+    grad_in1, grad_in2 = ops("fused_index_mul_2d").index_mul_2d_backward(grad_out, in1, in2, idx)
     expected_in1, expected_in2 = expected_backward(in1 if reference_in1 is None else reference_in1, in2, idx, grad_out)
     assert grad_in1.dtype == in1.dtype and grad_in2.dtype == in2.dtype
     assert_close_nan(grad_in1, expected_in1, dtype, scale=in1_scale)
@@ -323,3 +324,69 @@ def test_backward_is_deterministic(device, dtype):
     first = torch.ops.apex.index_mul_2d_backward_backward(None, gg2, grad_out, in1, in2, idx)
     again = torch.ops.apex.index_mul_2d_backward_backward(None, gg2, grad_out, in1, in2, idx)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+# ---- the backward's walk over the sorted rows and the forward's several rows a thread: many sources,
+# one source across every range of the walk (joined in range order), long inputs ---------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sources", [1000, 70_000])  # below and above 2^16 sources
+def test_backward_many_sources(device, dtype, sources):
+    rows, features = 400_000, 16
+    in1, in2, _ = make(sources, rows, features, dtype, device)
+    idx = index_pattern("with_invalid", sources, rows).to(device)
+    grad_out = torch.randn_like(in2)
+    repeats = float(torch.bincount(idx.cpu().clamp(0, sources - 1), minlength=sources).max())
+    check_backward(grad_out, in1, in2, idx, dtype, repeats ** 0.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_one_source_long(device, dtype):
+    # Every row into one source: it spans every range of the walk, and its sum is the join of all of
+    # their partials; the double backward's too. Products of magnitude ~1/64 keep the sum's rounding
+    # within the tolerance (the reference sums in float64).
+    rows, features = 300_000, 8
+    in1, in2, _ = make(3, rows, features, dtype, device)
+    in2 = in2 / 8
+    idx = torch.full((rows,), -2, device=device)  # source 1, negative
+    grad_out = (torch.randn_like(in2.double()) / 8).to(dtype)
+    check_backward(grad_out, in1, in2, idx, dtype, rows ** 0.5)
+    gg2 = (torch.randn_like(in2.double()) / 8).to(dtype)
+    outputs = ops("fused_index_mul_2d").index_mul_2d_backward_backward(None, gg2, grad_out, in1, in2, idx)
+    for actual, expected, scale in zip(outputs, expected_backward(in1, in2, idx, grad_out, None, gg2),
+                                       (2.0, rows ** 0.5, 1.0)):
+        assert_close_nan(actual, expected, dtype, scale=scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_forward_long(device, dtype):
+    # More rows than the forward's grid covers at several rows a thread (each thread loops), a row
+    # count no multiple of anything, and invalid indices among them.
+    sources, rows, features = 5000, 1_000_003, 16
+    in1, in2, _ = make(sources, rows, features, dtype, device)
+    idx = index_pattern("with_invalid", sources, rows).to(device)
+    out = index_mul_2d(in1, in2, idx)
+    valid = (idx >= -sources) & (idx < sources)
+    expected = (in1.double()[torch.where(valid, idx, 0)] * in2.double()).masked_fill(~valid.unsqueeze(1), float("nan"))
+    assert_close_nan(out, expected, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_deterministic_many_sources(dtype):
+    # The bench's shape scaled down: sums in a fixed order, the same bits every run, to both orders
+    # of the walk's partials (sources crossing range ends) and grad_in2.
+    sources, rows, features = 50_000, 500_000, 64
+    in1, in2, _ = make(sources, rows, features, dtype, "cuda")
+    idx = index_pattern("random", sources, rows).cuda()
+    grad_out = torch.randn_like(in2)
+    first = ops("fused_index_mul_2d").index_mul_2d_backward(grad_out, in1, in2, idx)
+    again = ops("fused_index_mul_2d").index_mul_2d_backward(grad_out, in1, in2, idx)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    repeats = float(torch.bincount(idx.cpu(), minlength=sources).max())
+    expected_in1, expected_in2 = expected_backward(in1, in2, idx, grad_out)
+    assert_close_nan(first[0], expected_in1, dtype, scale=repeats ** 0.5)
+    assert_close_nan(first[1], expected_in2, dtype)
