@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from apex._ops import ops
-from apex.normalization.fused_layer_norm import _LIBRARY, _normalize
+from apex.normalization.fused_layer_norm import _LIBRARY, _normalize, _registered_parameters
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
@@ -60,7 +60,8 @@ class FastLayerNorm(nn.Module):
         nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fast_layer_norm(x, self.weight, self.bias, self.epsilon, self.memory_efficient)
+        weight, bias = _registered_parameters(self)
+        return fast_layer_norm(x, weight, bias, self.epsilon, self.memory_efficient)
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, eps={self.epsilon}, memory_efficient={self.memory_efficient}"

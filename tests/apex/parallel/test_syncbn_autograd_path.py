@@ -187,3 +187,23 @@ def test_running_statistics_of_another_dtype_follow_the_batch():
     mean, var = x.mean((0, 2, 3)), x.var((0, 2, 3))
     torch.testing.assert_close(bn.running_mean, (0.25 * mean).half(), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(bn.running_var, (0.75 + 0.25 * var).half(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_parametrized_weight_is_read_through_the_attribute(training):
+    """forward reads its tensors from the parameter and buffer tables (no nn.Module.__getattr__); a
+    parametrized weight has left the table, and is read (computed) through the attribute instead."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    apex_bn, torch_bn = SyncBatchNorm(C), torch.nn.BatchNorm2d(C)
+    for bn in (apex_bn, torch_bn):
+        parametrize.register_parametrization(bn, "weight", Doubled())
+        bn.train(training)
+    x = torch.randn(2, C, 3, 3)
+    torch.testing.assert_close(apex_bn(x), torch_bn(x), **TOL)
+    torch.testing.assert_close(apex_bn.running_mean, torch_bn.running_mean, **TOL)
+    assert int(apex_bn.num_batches_tracked) == int(torch_bn.num_batches_tracked)
