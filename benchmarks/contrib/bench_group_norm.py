@@ -6,9 +6,14 @@ Bytes that must move: forward reads x and writes y (2 passes of x's bytes); back
 dy and writes dx (3 more). Parameter traffic is O(C), ignored. Timing: CUDA-graph replays of 10
 back-to-back calls (device time). Target (issue 16): >= 85 % of copy bandwidth on NHWC.
 
-    python benchmarks/contrib/bench_group_norm.py
+    python benchmarks/contrib/bench_group_norm.py [--impls apex,torch,torch.compile]
+
+--impls times only the named implementations (an A/B of apex kernel variants needs no torch rows:
+APEX_GROUP_NORM_VARIANT=lag2 python benchmarks/contrib/bench_group_norm.py --impls apex).
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -25,17 +30,21 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 LAYOUTS = {"nhwc": torch.channels_last, "nchw": torch.contiguous_format}
 
 
-def make_impls(groups):
+def make_impls(groups, names):
     def torch_gn(x, w, b):  # torch's group_norm wants parameters in the input's dtype (an O(C) cast)
         return F.silu(F.group_norm(x, groups, w.to(x.dtype), b.to(x.dtype), 1e-5))
 
     def apex_gn(x, w, b):
         return group_norm(x, groups, w, b, 1e-5, "silu")
 
-    return {"apex": apex_gn, "torch": torch_gn, "torch.compile": compiled(torch_gn)}
+    impls = {"apex": lambda: apex_gn, "torch": lambda: torch_gn, "torch.compile": lambda: compiled(torch_gn)}
+    return {name: impls[name]() for name in names}
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--impls", default="apex,torch,torch.compile", help="comma-separated: apex, torch, torch.compile")
+    names = parser.parse_args().impls.split(",")
     require_gpu(__file__)
     table = new_table("group norm + SiLU, fp32 weights")
     for name, layout, n, c, h, w, groups in CASES:
@@ -44,7 +53,7 @@ def main() -> None:
         weight = torch.randn(c, device="cuda", requires_grad=True)
         bias = torch.randn(c, device="cuda", requires_grad=True)
         size = x.numel() * x.element_size()
-        compare(table, f"{name} {layout} {n}x{c}x{h}x{w}", make_impls(groups), (x, weight, bias), 2 * size, 5 * size)
+        compare(table, f"{name} {layout} {n}x{c}x{h}x{w}", make_impls(groups, names), (x, weight, bias), 2 * size, 5 * size)
     table.print()
 
 
