@@ -53,7 +53,9 @@ def through_torch_ops(*tensors: Any) -> bool:
 
     torch.compiler.is_compiling(), spelled out: its Python layers cost 0.1 us of a ~4 us norm call.
     is_dynamo_compiling() comes first because dynamo folds it to True and so never reads the flag (a
-    guard on the flag's trace-time value, True, would fail on every compiled call)."""
+    guard on the flag's trace-time value, True, would fail on every compiled call). The norms' fast path
+    (apex/normalization/fused_layer_norm.py, ``_eager_as_is``) spells this condition out to save a call:
+    change both together."""
     return (is_dynamo_compiling() or torch.compiler._is_compiling_flag or _is_tracing()
             or _has_torch_function_variadic(*tensors))
 
