@@ -298,6 +298,20 @@ __global__ void welford_parallel_kernel(const acc_t* mean, const acc_t* var_bias
   }
 }
 
+// One thread per channel (InverseStdArgs), welford_parallel_kernel's formula.
+template <typename acc_t>
+__global__ void inverse_std_kernel(const acc_t* var, int64_t channels, acc_t eps, acc_t* inv_std) {
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < channels; c += int64_t(gridDim.x) * blockDim.x) {
+    inv_std[c] = acc_t(1) / sqrt(var[c] + eps);
+  }
+}
+
+// Both per-channel kernels: a thread per channel, up to target_blocks blocks (threads then loop).
+constexpr int kChannelThreads = 128;
+inline int64_t channel_blocks(int64_t channels, const Cuda& device) {
+  return std::min<int64_t>(ceil_div(channels, kChannelThreads), target_blocks(device));
+}
+
 }  // namespace
 
 void welford_mean_var(const Cuda& device, const StatisticsArgs& a, const Scratch& scratch) {
@@ -317,17 +331,16 @@ void reduce_bn(const Cuda& device, const GradSumsArgs& a, const Scratch& scratch
     const GradFold<T, A> fold{static_cast<const T*>(a.input), static_cast<const T*>(a.grad_output),
                               static_cast<const A*>(a.mean)};
     reduce_channels<T>(fold, aligned_or_absent(a.input) && aligned_or_absent(a.grad_output), a.layout,
-                       WriteChannelResults<A>{static_cast<A*>(a.sum_dy), static_cast<A*>(a.sum_dy_xmu)}, device,
-                       scratch, "syncbn_reduce_bn");
+                       WriteGradSums<A>{static_cast<A*>(a.sum_dy), static_cast<A*>(a.sum_dy_xmu),
+                                        static_cast<const A*>(a.inv_std), static_cast<A*>(a.grad_weight)},
+                       device, scratch, "syncbn_reduce_bn");
   });
 }
 
 void welford_parallel(const Cuda& device, const MergeArgs& a) {
-  constexpr int threads = 128;
-  const int64_t blocks = std::min<int64_t>(ceil_div(a.channels, threads), target_blocks(device));
   const auto merge = [&](auto tag) {
     using A = typename decltype(tag)::type;
-    welford_parallel_kernel<<<blocks, threads, 0, cuda::stream(device)>>>(
+    welford_parallel_kernel<<<channel_blocks(a.channels, device), kChannelThreads, 0, cuda::stream(device)>>>(
         static_cast<const A*>(a.mean), static_cast<const A*>(a.var_biased), a.count, a.elements, a.world, a.channels,
         A(a.eps), static_cast<A*>(a.out_mean), static_cast<A*>(a.out_var), static_cast<A*>(a.inv_std),
         static_cast<A*>(a.running_mean), static_cast<A*>(a.running_var), A(a.momentum));
@@ -338,6 +351,20 @@ void welford_parallel(const Cuda& device, const MergeArgs& a) {
     merge(Type<float>{});
   }
   cuda::check_launch("syncbn_welford_parallel");
+}
+
+void inverse_std(const Cuda& device, const InverseStdArgs& a) {
+  const auto compute = [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    inverse_std_kernel<<<channel_blocks(a.channels, device), kChannelThreads, 0, cuda::stream(device)>>>(
+        static_cast<const A*>(a.var), a.channels, A(a.eps), static_cast<A*>(a.inv_std));
+  };
+  if (a.dtype == Dtype::kFloat64) {
+    compute(Type<double>{});
+  } else {
+    compute(Type<float>{});
+  }
+  cuda::check_launch("syncbn_batch_norm_eval");
 }
 
 }  // namespace apex::syncbn

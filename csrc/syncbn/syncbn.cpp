@@ -6,18 +6,18 @@
 // One process's step (no collective) is one differentiable op instead, syncbn_batch_norm (training)
 // or syncbn_batch_norm_eval, and one backward op: the same kernels, with the formula in C++, so that
 // it costs the host what torch's BatchNorm does.
-// Each op checks its arguments, brings them into the form the kernels assume (contiguous,
-// per-channel vectors in the statistics dtype), allocates outputs and runs one device's kernel.
-#include <ATen/ops/add.h>
+// Each op checks its arguments, brings them into the form the kernels assume (contiguous, or stored
+// channels-innermost: KernelOrder; per-channel vectors in the statistics dtype), allocates outputs
+// and runs one device's kernel.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/lerp.h>
-#include <ATen/ops/mul.h>
-#include <ATen/ops/rsqrt.h>
 
 #include <array>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "apex/autograd.h"
 #include "apex/torch_scratch.h"
@@ -31,24 +31,75 @@ using OptionalTensor = std::optional<Tensor>;
 
 bool defined(const OptionalTensor& t) { return t.has_value() && t->defined(); }
 
-// Channels of `input` (dim 1, or the last with channels_last), after checking its rank and dtype.
-c10::SymInt channels_of(const char* op, const Tensor& input, bool channels_last) {
+// Where a tensor's channels are and how the kernels walk its memory.
+struct KernelOrder {
+  bool channels_last;  // rows of C channels ((*, C) memory), else (N, C, *) planes
+  // An (N, C, *) tensor walked as rows of channels: its storage is channels-innermost (channels_last
+  // memory format), its shape keeps C at dim 1. One process's step only; implies channels_last.
+  bool permuted = false;
+
+  int64_t channel_dim() const { return channels_last && !permuted ? -1 : 1; }
+};
+
+// Channels of `input` after checking its rank and dtype.
+c10::SymInt channels_of(const char* op, const Tensor& input, KernelOrder order) {
   APEX_CHECK(input.dim() >= 2, op, ": input must have at least 2 dimensions (batch, channel, ...), got shape ",
              input.sym_sizes());
   floating_dtype(input, op, "input");
-  c10::SymInt channels = channels_last ? input.sym_size(-1) : input.sym_size(1);
+  c10::SymInt channels = input.sym_size(order.channel_dim());
   APEX_CHECK(channels.sym_gt(0), op, ": input has no channels (shape ", input.sym_sizes(), ")");
   return channels;
 }
 
-// The (outer, channels, inner) view of a real (non-symbolic) input.
-Layout layout_of(const Tensor& input, bool channels_last) {
-  const int64_t channels = channels_last ? input.size(-1) : input.size(1);
-  if (channels_last) return {input.numel() / channels, channels, 1};
+// The (outer, channels, inner) view of a real (non-symbolic) input stored in `order`.
+Layout layout_of(const Tensor& input, KernelOrder order) {
+  const int64_t channels = input.size(order.channel_dim());
+  if (order.channels_last) return {input.numel() / channels, channels, 1};
   int64_t inner = 1;
   for (int64_t d = 2; d < input.dim(); ++d) inner *= input.size(d);
   return {input.size(0), channels, inner};
 }
+
+// (N, C, *spatial) <-> its (N, *spatial, C) view: for permuted tensors of a rank without a
+// channels-innermost memory format (below), whose kernel memory is that view's.
+Tensor to_channels_innermost(const Tensor& t) {
+  std::vector<int64_t> order{0};
+  for (int64_t d = 2; d < t.dim(); ++d) order.push_back(d);
+  order.push_back(1);
+  return t.permute(order);
+}
+Tensor from_channels_innermost(const Tensor& t) {
+  std::vector<int64_t> order{0, t.dim() - 1};
+  for (int64_t d = 1; d < t.dim() - 1; ++d) order.push_back(d);
+  return t.permute(order);
+}
+
+// The memory format that stores an (N, C, *spatial) tensor channels-innermost, where torch has one.
+std::optional<at::MemoryFormat> channels_innermost_format(const Tensor& t) {
+  if (t.dim() == 4) return at::MemoryFormat::ChannelsLast;
+  if (t.dim() == 5) return at::MemoryFormat::ChannelsLast3d;
+  return std::nullopt;
+}
+
+// `t` (of the caller's shape) with its memory in `order`: itself when it already is (no view or
+// copy dispatched: the common case), else a copy.
+Tensor in_kernel_order(const Tensor& t, KernelOrder order) {
+  if (!order.permuted) return t.contiguous();
+  if (const auto format = channels_innermost_format(t)) return t.contiguous(*format);
+  return from_channels_innermost(to_channels_innermost(t).contiguous());
+}
+
+// An uninitialized tensor of `like`'s shape, dtype and device, stored in `order`.
+Tensor empty_in_kernel_order(const Tensor& like, KernelOrder order) {
+  if (!order.permuted) return at::empty_symint(like.sym_sizes(), like.options());
+  if (const auto format = channels_innermost_format(like)) {
+    return at::empty_symint(like.sym_sizes(), like.options(), *format);
+  }
+  return from_channels_innermost(at::empty_symint(to_channels_innermost(like).sym_sizes(), like.options()));
+}
+
+// `t` in `dtype`; itself, with no dispatcher call, when it already is.
+Tensor in_dtype(const Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
 
 // A per-channel vector (mean, inv_std, weight, ...): [C], floating point, on input's device; returned
 // contiguous in the statistics dtype, as the kernels read it.
@@ -59,7 +110,7 @@ Tensor channel_vector(const char* op, const char* name, const Tensor& t, const T
   APEX_CHECK(t.dim() == 1, wrong_shape());
   APEX_CHECK(t.sym_size(0).sym_eq(channels), wrong_shape());
   APEX_CHECK(at::isFloatingType(t.scalar_type()), op, ": ", name, " must be floating point, got ", t.scalar_type());
-  return t.to(statistics_dtype(input.scalar_type())).contiguous();
+  return in_dtype(t, statistics_dtype(input.scalar_type())).contiguous();
 }
 
 Tensor optional_channel_vector(const char* op, const char* name, const OptionalTensor& t, const Tensor& input,
@@ -67,14 +118,14 @@ Tensor optional_channel_vector(const char* op, const char* name, const OptionalT
   return defined(t) ? channel_vector(op, name, *t, input, channels) : Tensor();
 }
 
-// A tensor that pairs element-wise with input (grad_output, z).
-Tensor like_input(const char* op, const char* name, const Tensor& t, const Tensor& input) {
+// A tensor that pairs element-wise with input (grad_output, z), stored in input's `order`.
+Tensor like_input(const char* op, const char* name, const Tensor& t, const Tensor& input, KernelOrder order) {
   check_same_device(t, input, op, name, "input");
   APEX_CHECK(t.sym_sizes().equals(input.sym_sizes()), op, ": ", name, " must have the shape of input ",
              input.sym_sizes(), ", got ", t.sym_sizes());
   APEX_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " must have the dtype of input (",
              input.scalar_type(), "), got ", t.scalar_type());
-  return t.contiguous();
+  return in_kernel_order(t, order);
 }
 
 // Element counts per rank, [world] int64.
@@ -89,12 +140,14 @@ Tensor counts_of(const char* op, const Tensor& count, const Tensor& like) {
 }
 
 const void* data_or_null(const Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
+void* mutable_data_or_null(const Tensor& t) { return t.defined() ? t.mutable_data_ptr() : nullptr; }
 
-// Per-channel results of no elements are zeros: false, with both outputs zeroed, for an empty input.
-bool has_elements(const Tensor& input, const Tensor& first, const Tensor& second) {
+// Per-channel results of no elements are zeros: false, with the (defined) outputs zeroed, for an empty input.
+bool has_elements(const Tensor& input, std::initializer_list<Tensor> outputs) {
   if (input.numel() > 0) return true;
-  first.zero_();
-  second.zero_();
+  for (const Tensor& output : outputs) {
+    if (output.defined()) output.zero_();
+  }
   return false;
 }
 
@@ -113,42 +166,42 @@ void run_reduction(const Device& device, const Args& args, const Tensor& like, K
 
 // Per-channel mean and biased variance of one process's input (zeros for an empty input).
 template <class Device>
-std::tuple<Tensor, Tensor> mean_var(const Tensor& x, bool channels_last) {
-  const char* op = channels_last ? "syncbn_welford_mean_var_c_last" : "syncbn_welford_mean_var";
-  const c10::SymInt channels = channels_of(op, x, channels_last);
-  const Tensor input = x.contiguous();
+std::tuple<Tensor, Tensor> mean_var(const Tensor& x, KernelOrder order) {
+  const char* op = order.channels_last ? "syncbn_welford_mean_var_c_last" : "syncbn_welford_mean_var";
+  const c10::SymInt channels = channels_of(op, x, order);
+  const Tensor input = in_kernel_order(x, order);
   const auto statistics = x.options().dtype(statistics_dtype(x.scalar_type()));
   Tensor mean = at::empty_symint({channels}, statistics), var_biased = at::empty_symint({channels}, statistics);
   launch<Device>(input, [&](const auto& device) {
-    if (!has_elements(input, mean, var_biased)) return;
+    if (!has_elements(input, {mean, var_biased})) return;
     const StatisticsArgs args{input.const_data_ptr(), mean.mutable_data_ptr(), var_biased.mutable_data_ptr(),
-                              layout_of(input, channels_last), floating_dtype(input, op, "input")};
+                              layout_of(input, order), floating_dtype(input, op, "input")};
     run_reduction(device, args, input, [](const auto&... a) { welford_mean_var(a...); });
   });
   return {mean, var_biased};
 }
 
-// y = (x - mean) * inv_std * weight + shift [+ z] [relu] (batchnorm_forward); given `grad_output`, that
-// relu's backward instead: grad_output where the recomputed y is positive (relu_backward). z, the relu
-// and its backward are channels-last only.
+// y = (x - mean) * inv_std * weight + shift [+ z] [relu] (batchnorm_forward), stored as x in `order`;
+// given `grad_output`, that relu's backward instead: grad_output where the recomputed y is positive
+// (relu_backward). z, the relu and its backward are channels-last only.
 template <class Device>
 Tensor normalize(const char* op, const Tensor& x, const OptionalTensor& z, const Tensor* grad_output,
                  const Tensor& mean, const Tensor& inv_std, const OptionalTensor& weight, const OptionalTensor& shift,
-                 bool fuse_relu, bool channels_last) {
-  const c10::SymInt channels = channels_of(op, x, channels_last);
-  const Tensor input = x.contiguous();
-  const Tensor dy = grad_output ? like_input(op, "grad_output", *grad_output, x) : Tensor();
+                 bool fuse_relu, KernelOrder order) {
+  const c10::SymInt channels = channels_of(op, x, order);
+  const Tensor input = in_kernel_order(x, order);
+  const Tensor dy = grad_output ? like_input(op, "grad_output", *grad_output, x, order) : Tensor();
   const Tensor m = channel_vector(op, "mean", mean, x, channels);
   const Tensor s = channel_vector(op, "inv_std", inv_std, x, channels);
   const Tensor w = optional_channel_vector(op, "weight", weight, x, channels);
   const Tensor b = optional_channel_vector(op, "shift", shift, x, channels);
-  const Tensor residual = defined(z) ? like_input(op, "z", *z, x) : Tensor();
-  Tensor out = at::empty_symint(x.sym_sizes(), x.options());
+  const Tensor residual = defined(z) ? like_input(op, "z", *z, x, order) : Tensor();
+  Tensor out = empty_in_kernel_order(x, order);
   launch<Device>(input, [&](const auto& device) {
     if (input.numel() == 0) return;
     const NormalizeArgs args{input.const_data_ptr(), data_or_null(residual), data_or_null(dy), m.const_data_ptr(),
                              s.const_data_ptr(), data_or_null(w), data_or_null(b), out.mutable_data_ptr(),
-                             layout_of(input, channels_last), floating_dtype(input, op, "input"), fuse_relu};
+                             layout_of(input, order), floating_dtype(input, op, "input"), fuse_relu};
     if (dy.defined()) {
       relu_backward(device, args);
     } else {
@@ -158,6 +211,28 @@ Tensor normalize(const char* op, const Tensor& x, const OptionalTensor& z, const
   return out;
 }
 
+// {sum(dy), sum(dy * (x - mean)), and with `weight_grad` the weight's gradient sum(dy * (x - mean)) *
+// inv_std} per channel, in the statistics dtype, of checked operands in `order` (per-channel vectors
+// in the statistics dtype).
+template <class Device>
+std::tuple<Tensor, Tensor, Tensor> gradient_sums_of(const char* op, const Tensor& grad_output, const Tensor& input,
+                                                    const Tensor& mean, const Tensor& inv_std, bool weight_grad,
+                                                    KernelOrder order) {
+  const auto options = mean.options();
+  const c10::SymInt channels = mean.sym_size(0);
+  Tensor sum_dy = at::empty_symint({channels}, options), sum_dy_xmu = at::empty_symint({channels}, options);
+  Tensor grad_weight = weight_grad ? at::empty_symint({channels}, options) : Tensor();
+  launch<Device>(input, [&](const auto& device) {
+    if (!has_elements(input, {sum_dy, sum_dy_xmu, grad_weight})) return;
+    const GradSumsArgs args{grad_output.const_data_ptr(), input.const_data_ptr(), mean.const_data_ptr(),
+                            inv_std.const_data_ptr(), sum_dy.mutable_data_ptr(), sum_dy_xmu.mutable_data_ptr(),
+                            mutable_data_or_null(grad_weight), layout_of(input, order),
+                            floating_dtype(input, op, "input")};
+    run_reduction(device, args, input, [](const auto&... a) { reduce_bn(a...); });
+  });
+  return {sum_dy, sum_dy_xmu, grad_weight};
+}
+
 // {sum(dy), sum(dy * (x - mean)), grad_weight, grad_bias} per channel; without a weight, grad_weight
 // and grad_bias are empty (as in NVIDIA apex), else in the weight's dtype.
 template <class Device>
@@ -165,33 +240,29 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> grad_sums(const Tensor& dy, const Ten
                                                      const Tensor& inv_std, const OptionalTensor& weight,
                                                      bool channels_last) {
   const char* op = channels_last ? "syncbn_reduce_bn_c_last" : "syncbn_reduce_bn";
-  const c10::SymInt channels = channels_of(op, x, channels_last);
-  const Tensor input = x.contiguous();
-  const Tensor grad_output = like_input(op, "grad_output", dy, x);
+  const KernelOrder order{channels_last};
+  const c10::SymInt channels = channels_of(op, x, order);
+  const Tensor input = in_kernel_order(x, order);
+  const Tensor grad_output = like_input(op, "grad_output", dy, x, order);
   const Tensor m = channel_vector(op, "mean", mean, x, channels);
   const Tensor s = channel_vector(op, "inv_std", inv_std, x, channels);
   if (defined(weight)) channel_vector(op, "weight", *weight, x, channels);  // checked; only its dtype is used
-  Tensor sum_dy = at::empty_symint({channels}, m.options()), sum_dy_xmu = at::empty_symint({channels}, m.options());
-  launch<Device>(input, [&](const auto& device) {
-    if (!has_elements(input, sum_dy, sum_dy_xmu)) return;
-    const GradSumsArgs args{grad_output.const_data_ptr(), input.const_data_ptr(), m.const_data_ptr(),
-                            sum_dy.mutable_data_ptr(), sum_dy_xmu.mutable_data_ptr(), layout_of(input, channels_last),
-                            floating_dtype(input, op, "input")};
-    run_reduction(device, args, input, [](const auto&... a) { reduce_bn(a...); });
-  });
+  auto [sum_dy, sum_dy_xmu, grad_weight] =
+      gradient_sums_of<Device>(op, grad_output, input, m, s, /*weight_grad=*/defined(weight), order);
   if (!defined(weight)) return {sum_dy, sum_dy_xmu, at::empty({0}, m.options()), at::empty({0}, m.options())};
   const auto weight_dtype = weight->scalar_type();
-  return {sum_dy, sum_dy_xmu, at::mul(sum_dy_xmu, s).to(weight_dtype), sum_dy.to(weight_dtype)};
+  return {sum_dy, sum_dy_xmu, in_dtype(grad_weight, weight_dtype), in_dtype(sum_dy, weight_dtype)};
 }
 
-// grad_input of checked, contiguous operands (per-channel vectors in the statistics dtype). `counts`:
-// [world] elements per channel of each rank, or undefined for one rank of `elements`. Without sums
-// (undefined sum_dy and sum_dy_xmu) the statistics were constants (running statistics, in eval).
+// grad_input of checked operands in `order` (per-channel vectors in the statistics dtype), stored
+// in that order. `counts`: [world] elements per channel of each rank, or undefined for one rank of
+// `elements`. Without sums (undefined sum_dy and sum_dy_xmu) the statistics were constants (running
+// statistics, in eval).
 template <class Device>
 Tensor input_grad_of(const char* op, const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                      const Tensor& inv_std, const Tensor& weight, const Tensor& sum_dy, const Tensor& sum_dy_xmu,
-                     const Tensor& counts, const c10::SymInt& elements, bool channels_last) {
-  Tensor grad_input = at::empty_symint(input.sym_sizes(), input.options());
+                     const Tensor& counts, const c10::SymInt& elements, KernelOrder order) {
+  Tensor grad_input = empty_in_kernel_order(input, order);
   launch<Device>(input, [&](const auto& device) {
     if (input.numel() == 0) return;
     batchnorm_backward(device, InputGradArgs{grad_output.const_data_ptr(), input.const_data_ptr(),
@@ -199,7 +270,7 @@ Tensor input_grad_of(const char* op, const Tensor& grad_output, const Tensor& in
                                              data_or_null(sum_dy), data_or_null(sum_dy_xmu),
                                              counts.defined() ? counts.const_data_ptr<int64_t>() : nullptr,
                                              elements.expect_int(), counts.defined() ? counts.numel() : 1,
-                                             grad_input.mutable_data_ptr(), layout_of(input, channels_last),
+                                             grad_input.mutable_data_ptr(), layout_of(input, order),
                                              floating_dtype(input, op, "input")});
   });
   return grad_input;
@@ -210,14 +281,15 @@ Tensor input_grad(const Tensor& dy, const Tensor& x, const Tensor& mean, const T
                   const OptionalTensor& weight, const Tensor& sum_dy, const Tensor& sum_dy_xmu, const Tensor& count,
                   bool channels_last) {
   const char* op = channels_last ? "syncbn_batchnorm_backward_c_last" : "syncbn_batchnorm_backward";
-  const c10::SymInt channels = channels_of(op, x, channels_last);
-  return input_grad_of<Device>(op, like_input(op, "grad_output", dy, x), x.contiguous(),
+  const KernelOrder order{channels_last};
+  const c10::SymInt channels = channels_of(op, x, order);
+  return input_grad_of<Device>(op, like_input(op, "grad_output", dy, x, order), in_kernel_order(x, order),
                                channel_vector(op, "mean", mean, x, channels),
                                channel_vector(op, "inv_std", inv_std, x, channels),
                                optional_channel_vector(op, "weight", weight, x, channels),
                                channel_vector(op, "sum_dy", sum_dy, x, channels),
                                channel_vector(op, "sum_dy_xmu", sum_dy_xmu, x, channels), counts_of(op, count, x),
-                               /*elements: unused with counts*/ 0, channels_last);
+                               /*elements: unused with counts*/ 0, order);
 }
 
 // ---- the ops -----------------------------------------------------------------------------------
@@ -231,7 +303,7 @@ struct WelfordMeanVar {
                     : "syncbn_welford_mean_var(Tensor input) -> (Tensor mean, Tensor var_biased)";
   template <class Device>
   static std::tuple<Tensor, Tensor> call(const Tensor& input) {
-    return mean_var<Device>(input, kChannelsLast);
+    return mean_var<Device>(input, KernelOrder{kChannelsLast});
   }
 };
 
@@ -284,7 +356,7 @@ struct BatchnormForward {
   static Tensor call(const Tensor& input, const Tensor& mean, const Tensor& inv_std, const OptionalTensor& weight,
                      const OptionalTensor& shift) {
     return normalize<Device>("syncbn_batchnorm_forward", input, std::nullopt, nullptr, mean, inv_std, weight, shift,
-                             false, /*channels_last=*/false);
+                             false, KernelOrder{/*channels_last=*/false});
   }
 };
 
@@ -297,7 +369,7 @@ struct BatchnormForwardChannelsLast {
   static Tensor call(const Tensor& input, const OptionalTensor& z, const Tensor& mean, const Tensor& inv_std,
                      const OptionalTensor& weight, const OptionalTensor& shift, bool fuse_relu) {
     return normalize<Device>("syncbn_batchnorm_forward_c_last", input, z, nullptr, mean, inv_std, weight, shift,
-                             fuse_relu, /*channels_last=*/true);
+                             fuse_relu, KernelOrder{/*channels_last=*/true});
   }
 };
 
@@ -345,7 +417,7 @@ struct ReluBackwardChannelsLast {
   static Tensor call(const Tensor& grad_output, const Tensor& input, const OptionalTensor& z, const Tensor& mean,
                      const Tensor& inv_std, const OptionalTensor& weight, const OptionalTensor& shift) {
     return normalize<Device>("syncbn_relu_bw_c_last", input, z, &grad_output, mean, inv_std, weight, shift,
-                             /*fuse_relu=*/true, /*channels_last=*/true);
+                             /*fuse_relu=*/true, KernelOrder{/*channels_last=*/true});
   }
 };
 
@@ -357,55 +429,16 @@ struct ReluBackwardChannelsLast {
 // statistics updated by the kernel that computes the batch statistics).
 //
 // Layouts: `channels_last` runs the channels-innermost kernels on a (*, C) input; with `permuted`,
-// the input (and z) is (N, C, *) stored channels_last, read through its (N, *, C) view without a
-// copy, and the output is (N, C, *) stored channels_last too. z and fuse_relu need channels_last.
-
-// (N, C, *spatial) stored channels_last <-> its (N, *spatial, C) view, which the channels-last
-// kernels read without a copy.
-Tensor to_channels_innermost(const Tensor& t) {
-  std::vector<int64_t> order{0};
-  for (int64_t d = 2; d < t.dim(); ++d) order.push_back(d);
-  order.push_back(1);
-  return t.permute(order);
-}
-Tensor from_channels_innermost(const Tensor& t) {
-  std::vector<int64_t> order{0, t.dim() - 1};
-  for (int64_t d = 1; d < t.dim() - 1; ++d) order.push_back(d);
-  return t.permute(order);
-}
-
-// The view of `t` the kernels read, and back: a kernel's result in the caller's layout.
-Tensor kernel_view(const Tensor& t, bool permuted) { return permuted ? to_channels_innermost(t) : t; }
-OptionalTensor kernel_view(const OptionalTensor& t, bool permuted) {
-  return defined(t) ? OptionalTensor(kernel_view(*t, permuted)) : std::nullopt;
-}
-Tensor caller_view(const Tensor& t, bool permuted) { return permuted ? from_channels_innermost(t) : t; }
+// the input (and z) is (N, C, *) stored channels_last, whose memory those kernels read as it is (no
+// view, no copy), and the output is (N, C, *) stored channels_last too (KernelOrder). z and fuse_relu
+// need channels_last.
 
 void check_step_layout(const char* op, const OptionalTensor& z, bool channels_last, bool permuted, bool fuse_relu) {
   APEX_CHECK(!permuted || channels_last, op, ": permuted inputs are read channels-last");
   APEX_CHECK(channels_last || (!defined(z) && !fuse_relu), op, ": z and fuse_relu need channels_last");
 }
 
-// A parameter as the kernels read it: in the statistics dtype of `input`.
-Tensor accumulate(const OptionalTensor& p, const Tensor& input) {
-  return defined(p) ? p->to(statistics_dtype(input.scalar_type())) : Tensor();
-}
-
-// Either forward's output: x (the kernel view) normalized by per-channel mean and inv_std, scaled
-// and shifted, + z and relu where asked, in the caller's layout.
-template <class Device>
-Tensor step_output(const char* op, const Tensor& x, const OptionalTensor& z, const OptionalTensor& weight,
-                   const OptionalTensor& bias, const Tensor& mean, const Tensor& inv_std, bool channels_last,
-                   bool permuted, bool fuse_relu) {
-  const Tensor w = accumulate(weight, x), b = accumulate(bias, x);
-  const Tensor out =
-      channels_last ? normalize<Device>(op, x, kernel_view(z, permuted), nullptr, mean, inv_std, w, b, fuse_relu, true)
-                    : normalize<Device>(op, x, std::nullopt, nullptr, mean, inv_std, w, b, false, false);
-  return caller_view(out, permuted);
-}
-
-// What both forward ops keep for the shared backward (StepBackward): the input and z as given (the
-// backward op takes their kernel views itself, below autograd, where a view costs least), the
+// What both forward ops keep for the shared backward (StepBackward): the input and z as given, the
 // statistics the output was normalized with, the parameters.
 void save_step(AutogradContext& ctx, const Tensor& input, const OptionalTensor& z, const OptionalTensor& weight,
                const OptionalTensor& bias, const Tensor& mean, const Tensor& inv_std, bool batch_statistics,
@@ -440,16 +473,19 @@ struct BatchNormTrain {
                                                          bool fuse_relu) {
     const char* op = "syncbn_batch_norm";
     check_step_layout(op, z, channels_last, permuted, fuse_relu);
-    const Tensor x = kernel_view(input, permuted);
-    const c10::SymInt channels = channels_of(op, x, channels_last);
-    const c10::SymInt elements = x.sym_numel() / channels;  // per channel
+    const KernelOrder order{channels_last, permuted};
+    const c10::SymInt channels = channels_of(op, input, order);
+    const c10::SymInt elements = input.sym_numel() / channels;  // per channel
     TORCH_CHECK_VALUE(holds(elements.sym_gt(1)), message("SyncBatchNorm: expected more than 1 value per channel when "
                                                          "training, got input of shape ", input.sym_sizes()));
     APEX_CHECK(defined(running_mean) == defined(running_var), op, ": give both running statistics or neither");
+    const Tensor x = in_kernel_order(input, order);
     const Tensor stats = running_statistics(op, running_mean, x, channels);
     const Tensor stats_var = running_statistics(op, running_var, x, channels);
-    auto [local_mean, local_var] = mean_var<Device>(x, channels_last);
-    Tensor mean = at::empty_like(local_mean), var = at::empty_like(local_mean), inv_std = at::empty_like(local_mean);
+    auto [local_mean, local_var] = mean_var<Device>(x, order);
+    const auto statistics = local_mean.options();
+    Tensor mean = at::empty_symint({channels}, statistics), var = at::empty_symint({channels}, statistics),
+           inv_std = at::empty_symint({channels}, statistics);
     // The merge kernel updates running statistics it can write as they are (contiguous, statistics
     // dtype); others (a module converted to half, say) are updated from its results.
     const bool in_kernel = stats.defined() && stats.is_same(*running_mean) && stats_var.is_same(*running_var);
@@ -465,8 +501,7 @@ struct BatchNormTrain {
         running_var->lerp_(var.to(running_var->scalar_type()), momentum);
       }
     });
-    return {step_output<Device>(op, x, z, weight, bias, mean, inv_std, channels_last, permuted, fuse_relu), mean, var,
-            inv_std};
+    return {normalize<Device>(op, x, z, nullptr, mean, inv_std, weight, bias, fuse_relu, order), mean, var, inv_std};
   }
 
   static void save(AutogradContext& ctx, const Tensor& input, const OptionalTensor& z, const OptionalTensor& weight,
@@ -505,11 +540,18 @@ struct BatchNormEval {
                                          bool fuse_relu) {
     const char* op = "syncbn_batch_norm_eval";
     check_step_layout(op, z, channels_last, permuted, fuse_relu);
-    const Tensor x = kernel_view(input, permuted);
-    const c10::SymInt channels = channels_of(op, x, channels_last);
+    const KernelOrder order{channels_last, permuted};
+    const c10::SymInt channels = channels_of(op, input, order);
+    const Tensor x = in_kernel_order(input, order);
     const Tensor mean = channel_vector(op, "running_mean", running_mean, x, channels);
-    const Tensor inv_std = at::rsqrt(at::add(channel_vector(op, "running_var", running_var, x, channels), eps));
-    return {step_output<Device>(op, x, z, weight, bias, mean, inv_std, channels_last, permuted, fuse_relu), inv_std};
+    const Tensor var = channel_vector(op, "running_var", running_var, x, channels);
+    // By a kernel, not as rsqrt(var + eps): two ATen ops (and the scalar's conversion) per call.
+    Tensor inv_std = at::empty_symint({channels}, var.options());
+    launch<Device>(var, [&](const auto& device) {
+      inverse_std(device, InverseStdArgs{var.const_data_ptr(), inv_std.mutable_data_ptr(), var.numel(),
+                                         floating_dtype(var, op, "running_var"), eps});
+    });
+    return {normalize<Device>(op, x, z, nullptr, mean, inv_std, weight, bias, fuse_relu, order), inv_std};
   }
 
   static void save(AutogradContext& ctx, const Tensor& input, const OptionalTensor& z, const OptionalTensor& weight,
@@ -544,32 +586,36 @@ struct StepBackward {
     const char* op = "syncbn_batch_norm_bwd";
     check_step_layout(op, z, channels_last, permuted, fuse_relu);
     const auto [want_input, want_z, want_parameters] = output_mask;
-    const Tensor x = kernel_view(input, permuted).contiguous();
-    const c10::SymInt channels = channels_of(op, x, channels_last);
+    const KernelOrder order{channels_last, permuted};
+    const c10::SymInt channels = channels_of(op, input, order);
+    // Every operand checked and converted once, here; the kernels' op functions below take them as they are.
+    const Tensor x = in_kernel_order(input, order);
     const Tensor m = channel_vector(op, "mean", mean, x, channels);
     const Tensor s = channel_vector(op, "inv_std", inv_std, x, channels);
-    const Tensor w = accumulate(weight, x);
-    Tensor dy = like_input(op, "grad_output", kernel_view(grad_output, permuted), x);
-    if (fuse_relu) {
-      dy = normalize<Device>(op, x, kernel_view(z, permuted), &dy, m, s, w, accumulate(bias, x), true, true);
-    }
+    const Tensor w = optional_channel_vector(op, "weight", weight, x, channels);
+    Tensor dy = like_input(op, "grad_output", grad_output, x, order);
+    if (fuse_relu) dy = normalize<Device>(op, x, z, &dy, m, s, w, bias, /*fuse_relu=*/true, order);
     const auto none = [&] { return at::empty({0}, x.options()); };  // one each: outputs never alias
-    const Tensor grad_z = want_z && defined(z) ? caller_view(fuse_relu ? dy : dy.clone(), permuted) : none();
+    const Tensor grad_z = want_z && defined(z) ? (fuse_relu ? dy : dy.clone()) : none();
+    const bool parameter_grads = want_parameters && defined(weight);
     Tensor sum_dy, sum_dy_xmu, grad_weight, grad_bias;
-    if (batch_statistics || (want_parameters && defined(weight))) {
-      std::tie(sum_dy, sum_dy_xmu, grad_weight, grad_bias) = grad_sums<Device>(dy, x, m, s, weight, channels_last);
+    if (batch_statistics || parameter_grads) {
+      std::tie(sum_dy, sum_dy_xmu, grad_weight) = gradient_sums_of<Device>(op, dy, x, m, s, parameter_grads, order);
     }
-    if (!want_parameters || !grad_weight.defined()) {
+    if (parameter_grads) {
+      grad_weight = in_dtype(grad_weight, weight->scalar_type());
+      grad_bias = in_dtype(sum_dy, weight->scalar_type());
+    } else {
       grad_weight = none();
       grad_bias = none();
     }
     if (!want_input) return {none(), grad_z, grad_weight, grad_bias};
     // Constant statistics (eval): no sums, dx = dy * inv_std * weight.
     const Tensor grad_input = batch_statistics ? input_grad_of<Device>(op, dy, x, m, s, w, sum_dy, sum_dy_xmu, Tensor(),
-                                                                       x.sym_numel() / channels, channels_last)
+                                                                       x.sym_numel() / channels, order)
                                                : input_grad_of<Device>(op, dy, x, m, s, w, Tensor(), Tensor(), Tensor(),
-                                                                       1, channels_last);
-    return {caller_view(grad_input, permuted), grad_z, grad_weight, grad_bias};
+                                                                       1, order);
+    return {grad_input, grad_z, grad_weight, grad_bias};
   }
 };
 

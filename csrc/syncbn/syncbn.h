@@ -34,13 +34,16 @@ struct StatisticsArgs {
   Dtype dtype;  // of input
 };
 
-// reduce_bn: per-channel sum(dy) and sum(dy * (x - mean)).
+// reduce_bn: per-channel sum(dy) and sum(dy * (x - mean)); with grad_weight, also the weight's
+// gradient sum(dy * (x - mean)) * inv_std, written where the sums are (no separate multiply op).
 struct GradSumsArgs {
   const void* grad_output;
   const void* input;
   const void* mean;
+  const void* inv_std;  // read only with grad_weight
   void* sum_dy;
   void* sum_dy_xmu;
+  void* grad_weight;  // [C] of the statistics type, or null (not computed)
   Layout layout;
   Dtype dtype;
 };
@@ -62,6 +65,16 @@ struct MergeArgs {
   Dtype dtype;  // of the statistics: float32 or float64
   double eps;
   double momentum;
+};
+
+// inverse_std: inv_std = 1 / sqrt(var + eps) per channel (eval: the running variance), as
+// welford_parallel computes it from the batch's.
+struct InverseStdArgs {
+  const void* var;
+  void* inv_std;
+  int64_t channels;
+  Dtype dtype;  // of the statistics: float32 or float64
+  double eps;
 };
 
 // batchnorm_forward: out = (x - mean) * inv_std * weight + shift [+ z] [relu].
@@ -101,6 +114,7 @@ struct InputGradArgs {
 void welford_mean_var(const Cpu&, const StatisticsArgs&);  // syncbn_cpu.cpp
 void reduce_bn(const Cpu&, const GradSumsArgs&);
 void welford_parallel(const Cpu&, const MergeArgs&);
+void inverse_std(const Cpu&, const InverseStdArgs&);
 void batchnorm_forward(const Cpu&, const NormalizeArgs&);
 void relu_backward(const Cpu&, const NormalizeArgs&);
 void batchnorm_backward(const Cpu&, const InputGradArgs&);
@@ -109,6 +123,7 @@ void batchnorm_backward(const Cpu&, const InputGradArgs&);
 void welford_mean_var(const Cuda&, const StatisticsArgs&, const Scratch&);  // reductions.cu
 void reduce_bn(const Cuda&, const GradSumsArgs&, const Scratch&);
 void welford_parallel(const Cuda&, const MergeArgs&);
+void inverse_std(const Cuda&, const InverseStdArgs&);
 void batchnorm_forward(const Cuda&, const NormalizeArgs&);  // elementwise.cu
 void relu_backward(const Cuda&, const NormalizeArgs&);
 void batchnorm_backward(const Cuda&, const InputGradArgs&);

@@ -151,7 +151,8 @@ void reduce_bn(const Cpu&, const GradSumsArgs& a) {
       }
     };
     const auto sums = reduce_channels<State>(a.layout, fold_segment, fold_rows);
-    const WriteChannelResults<A> write{static_cast<A*>(a.sum_dy), static_cast<A*>(a.sum_dy_xmu)};
+    const WriteGradSums<A> write{static_cast<A*>(a.sum_dy), static_cast<A*>(a.sum_dy_xmu),
+                                 static_cast<const A*>(a.inv_std), static_cast<A*>(a.grad_weight)};
     for (int64_t c = 0; c < channels; ++c) write(c, sums[c]);
   });
 }
@@ -183,6 +184,17 @@ void welford_parallel(const Cpu&, const MergeArgs& a) {
   };
   if (a.dtype == Dtype::kFloat64) return merge(Type<double>{});
   merge(Type<float>{});
+}
+
+void inverse_std(const Cpu&, const InverseStdArgs& a) {
+  const auto compute = [&](auto tag) {
+    using A = typename decltype(tag)::type;
+    const A* var = static_cast<const A*>(a.var);
+    A* inv_std = static_cast<A*>(a.inv_std);
+    for (int64_t c = 0; c < a.channels; ++c) inv_std[c] = A(1) / std::sqrt(var[c] + A(a.eps));
+  };
+  if (a.dtype == Dtype::kFloat64) return compute(Type<double>{});
+  compute(Type<float>{});
 }
 
 void batchnorm_forward(const Cpu&, const NormalizeArgs& a) {

@@ -68,12 +68,9 @@ struct GradSums {
     sum_dy += other.sum_dy;
     sum_dy_xmu += other.sum_dy_xmu;
   }
-
-  // (sum_dy, sum_dy_xmu): what reduce_bn returns first.
-  C10_HOST_DEVICE ChannelResults<acc_t> results() const { return {sum_dy, sum_dy_xmu}; }
 };
 
-// Writes each channel's results into two [C] outputs.
+// Writes each channel's results (a WelfordState's mean and biased variance) into two [C] outputs.
 template <typename acc_t>
 struct WriteChannelResults {
   acc_t* first;
@@ -84,6 +81,21 @@ struct WriteChannelResults {
     const ChannelResults<acc_t> results = state.results();
     first[channel] = results.first;
     second[channel] = results.second;
+  }
+};
+
+// Writes each channel's gradient sums, and where asked the weight's gradient sum_dy_xmu * inv_std.
+template <typename acc_t>
+struct WriteGradSums {
+  acc_t* sum_dy;
+  acc_t* sum_dy_xmu;
+  const acc_t* inv_std;
+  acc_t* grad_weight;  // or null
+
+  C10_HOST_DEVICE void operator()(int64_t channel, const GradSums<acc_t>& sums) const {
+    sum_dy[channel] = sums.sum_dy;
+    sum_dy_xmu[channel] = sums.sum_dy_xmu;
+    if (grad_weight) grad_weight[channel] = sums.sum_dy_xmu * inv_std[channel];
   }
 };
 

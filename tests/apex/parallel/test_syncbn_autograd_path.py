@@ -130,6 +130,22 @@ def test_eval_backward_with_running_statistics_matches_functional_batch_norm():
     torch.testing.assert_close(x.grad, xr.grad, **TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_eval_inverse_std_is_rsqrt_of_running_var_plus_eps(dtype):
+    """The eval op computes 1 / sqrt(running_var + eps) in a kernel, in the statistics dtype; on CPU
+    bitwise what the ATen formula gives."""
+    from apex._ops import ops
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, C, 3, generator=g).to(dtype)
+    running_mean, running_var = torch.randn(C, generator=g), torch.rand(C, generator=g) * 3
+    statistics = torch.float64 if dtype == torch.float64 else torch.float32
+    _, inv_std = ops("syncbn").syncbn_batch_norm_eval(x, None, None, None, running_mean.to(dtype),
+                                                      running_var.to(dtype), 1e-3, False, False, False)
+    assert inv_std.dtype == statistics
+    assert torch.equal(inv_std, (running_var.to(dtype).to(statistics) + 1e-3).rsqrt())
+
+
 @pytest.mark.gpu
 def test_forward_captured_in_a_cuda_graph_then_run_eagerly():
     """Tensors made during capture are only filled at replay: an eager call after capture must not see them."""
@@ -168,6 +184,41 @@ def test_single_process_ops_pass_opcheck(layout, mode):
     else:
         op, args = ops("syncbn").syncbn_batch_norm.default, (running_mean, running_var, 0.1, 1e-5)
     torch.library.opcheck(op, (x, z, weight, bias, *args, *layout_args))
+
+
+PERMUTED_INPUTS = {  # (N, C, *) inputs of the permuted (channels-innermost) ops that are not stored channels_last
+    "4-D contiguous": lambda t: t,  # copied into channels_last order
+    "3-D contiguous": lambda t: t.flatten(2),
+    "3-D channels innermost": lambda t: t.flatten(2).transpose(1, 2).contiguous().transpose(1, 2),  # no format names it
+}
+
+
+@pytest.mark.parametrize("stored", PERMUTED_INPUTS)
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_permuted_ops_read_any_storage_and_return_channels_innermost(stored, mode):
+    """The permuted step ops read a channels_last input's memory as it is; any other storage is copied
+    into that order first, and every output (and grad_input) comes back stored channels-innermost."""
+    from apex._ops import ops
+
+    g = torch.Generator().manual_seed(5)
+    x = PERMUTED_INPUTS[stored](torch.randn(3, C, 5, 2, generator=g)).requires_grad_(True)
+    weight, bias = torch.rand(C, generator=g).requires_grad_(True), torch.randn(C, generator=g).requires_grad_(True)
+    running_mean, running_var = torch.randn(C, generator=g), torch.rand(C, generator=g) + 0.5
+    dy = torch.randn(x.shape, generator=g)
+    if mode == "eval":
+        op, args = ops("syncbn").syncbn_batch_norm_eval.default, (running_mean.clone(), running_var.clone(), 1e-5)
+    else:
+        op, args = ops("syncbn").syncbn_batch_norm.default, (running_mean.clone(), running_var.clone(), 0.1, 1e-5)
+    y = op(x, None, weight, bias, *args, True, True, False)[0]
+    xr = x.detach().clone().requires_grad_(True)
+    ref = F.batch_norm(xr, running_mean, running_var, weight, bias, mode == "train", 0.1, 1e-5)
+    assert y.movedim(1, -1).is_contiguous()
+    torch.testing.assert_close(y, ref, **TOL)
+    x_grad, = torch.autograd.grad(y, x, dy)
+    ref_grad, = torch.autograd.grad(ref, xr, dy)
+    assert x_grad.movedim(1, -1).is_contiguous()
+    torch.testing.assert_close(x_grad, ref_grad, **TOL)
+    torch.library.opcheck(op, (x, None, weight, bias, *args, True, True, False))
 
 
 def test_single_process_step_compiles_fullgraph():
