@@ -4,14 +4,26 @@
 // parallel: all pairs in one file took 83 s), and layer_norm_backward.cu dispatches to.
 //
 // grad_input needs two sums per row (of g*dy and of g*dy*xhat); grad_weight / grad_bias are
-// sums over rows. The main kernel keeps each row in registers (as loaded, 16-bit elements two
-// to a register), so x (or y) and dy are read once and dx written once; a persistent grid lets
-// every block add its rows' dy*xhat and dy into per-block fp32 accumulators in shared memory
-// (each thread owns its columns: no atomics), written out once as one partial row per block.
+// sums over rows. The register-resident kernels keep each row in registers (as loaded, 16-bit
+// elements two to a register), so x (or y) and dy are read once and dx written once; a persistent
+// grid lets every block add its rows' dy*xhat and dy into per-block fp32 accumulators in shared
+// memory (each thread owns its columns: no atomics), written out once as one partial row per block.
 // One small launch then sums the partial rows of both parameter grads. Rows that cannot be
 // vectorized take scalar kernels (two passes per row, and a column kernel for the parameter
 // grads that re-reads the inputs).
+//
+// Two register-resident kernels. backward_fused is the one that runs (see its comment for what it
+// saves per element): on an H200 (bench_norms.py --impls apex, bf16) its backward alone was 1.05-1.33x
+// faster than backward_in_registers' (LayerNorm 4096x16384: 0.173 -> 0.130 ms), and it also beat
+// gamma held in registers instead of shared memory (LayerNorm 8192x8192 fwd+bwd: 70.1 % of copy
+// against 82.0 %) and prefetching the next row everywhere instead of only where one block fills an
+// SM (8192x5120: 68.6 % against 76.4 %); both were dropped. backward_in_registers, the kernel
+// before it, remains for what backward_fused does not do: the memory-efficient backward (y, not x)
+// and rows whose gamma copy leaves no room in shared memory (backward_typed).
 
+#include <cstring>
+
+#include "apex/packed_pairs.cuh"
 #include "layer_norm_cuda.cuh"
 
 namespace apex::layer_norm {
@@ -253,6 +265,409 @@ __global__ void APEX_LN_MAX_REGISTERS((backward_registers<T, W, ITEMS, MEMORY_EF
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// backward_fused: the register-resident backward with fewer instructions per element.
+//
+// Why: on an H200 the kernel above issued ~38 thread-instructions per bf16 element (ncu), while
+// copy speed leaves ~48 per element at 100 % of the SM's issue rate; at 8 warps per scheduler it
+// sat at 60 % issue and 60-75 % of DRAM bandwidth. Per element it reloaded and unpacked gamma in
+// both passes, did a shared-memory read-modify-write of the parameter-grad accumulators that kept
+// the products separate from the adds, recomputed xhat as (x - mean) * invvar, formed dx by
+// separate multiplies and subtracts, converted each output on its own, and reduced each row with
+// runtime-bounded shuffle loops and two barriers. Here, per element (bf16, LayerNorm):
+//   pass 1 (sums)  unpack x, dy; xhat = fma(x, invvar, -mean*invvar); gdy = g*dy; s0 += gdy;
+//                  s1 = fma(gdy, xhat, s1)                                     6 instructions
+//   pass 2 (dx)    unpack x, dy; xhat; dx = fma(g*dy, invvar, fma(xhat, c2, c1)) (3);
+//                  dgamma = fma(dy, xhat, dgamma); dbeta += dy; half a cvt packing two outputs;
+//                  a quarter of a 16-byte LDS and STS each for dgamma and dbeta  9.5 instructions
+// gamma is converted to float once per kernel (a copy in shared memory: one 16-byte LDS per 4
+// elements and pass on top of the above), a row's two sums take one barrier (row_sum2), each
+// address is one 64-bit add from a per-thread pointer, and vectors past the row end need no
+// branches. SASS (sm_90, CUDA 13), one thread's path through one row, bf16:
+//   LayerNorm, both grads, 2 vectors per thread (4096 columns)  575 -> 372 (35.9 -> 23.3 per element),
+//                                                               64 registers both
+//   RMSNorm, 2 vectors per thread                               507 -> 348 (31.7 -> 21.8), 64 both
+//   LayerNorm, 4 vectors per thread, prefetching (16384)        1116 -> 680 (34.9 -> 21.3),
+//                                                               112 -> 128 registers (1 block/SM both)
+
+// Registers backward_fused needs beyond its row data (addresses, the row's statistics and
+// sums, loop state, one chunk's temporaries, and the next row's vector loaded while the current
+// row's last one is worked on): the least that keeps ptxas -v free of spills (sm_90, CUDA 13) at
+// 2 bf16 vectors per thread, so that kernel fits 64 registers, as backward_in_registers did.
+constexpr int kFusedRegisterOverhead = 48;
+// ... and per vector beyond kBackwardItems per thread (their addresses and ownership tests).
+constexpr int kFusedRegistersPerExtraVector = 8;
+// ... and with PREFETCH (the second slice's statistics and addresses): bf16 at 4 vectors per thread
+// reaches the 128-register limit (a few bytes of loop-invariant spills), at 2 vectors 104 registers.
+constexpr int kFusedPrefetchOverhead = 72;
+
+// Whether a backward_fused instance may prefetch: both row slices (x and dy bytes) together stay
+// within what the old kernel allowed (kMaxPrefetchSliceBytes), so bf16 at 4 vectors per thread
+// (the one-block-per-SM rows) and 16-bit data at 2, not fp32 pairs or mixed dtypes beyond 2.
+template <typename T, typename W, int ITEMS>
+constexpr bool fused_can_prefetch() {
+  return ITEMS * vector_width<T>() * (sizeof(T) + sizeof(W)) <= kMaxPrefetchSliceBytes;
+}
+
+// Register cap of a backward_fused instance: its row data (twice when prefetching) plus the above.
+template <typename T, typename W, int ITEMS, bool PREFETCH>
+constexpr int fused_registers() {
+  constexpr int kData = ITEMS * vector_width<T>() * int(sizeof(T) + sizeof(W)) / 4 * (PREFETCH ? 2 : 1);
+  constexpr int kExtraVectors = ITEMS > kBackwardItems ? ITEMS - kBackwardItems : 0;
+  constexpr int kOverhead =
+      PREFETCH ? kFusedPrefetchOverhead : kFusedRegisterOverhead + kFusedRegistersPerExtraVector * kExtraVectors;
+  constexpr int kWanted = (kData + kOverhead + 7) / 8 * 8;
+  return kWanted > kMaxRegistersPerThread ? kMaxRegistersPerThread : kWanted;
+}
+
+// Elements 4h .. 4h + 3 of a packed vector in float (h a compile-time constant after unrolling):
+// one instruction each for 16-bit T, none for float. Unpacked where used, a chunk at a time, so
+// that few of a row's elements are live in float at once.
+template <typename T, int V>
+__device__ __forceinline__ void unpack_chunk(const PackedVector<T, V>& packed, int h, float (&out)[4]) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = __uint_as_float(packed.word[4 * h + i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float2 two = unpack_pair<T>(packed.word[2 * h + i]);
+      out[2 * i] = two.x;
+      out[2 * i + 1] = two.y;
+    }
+  }
+}
+
+// Sums s0 and s1 over the blockDim.x threads of a row (threadIdx.y picks the row); every thread of
+// the row gets both totals. blockDim.x: a power of two up to a warp, else whole warps, at most
+// kMaxRegisterRowThreads (two values per warp must fit in one warp). WHOLE_WARPS: the caller knows
+// blockDim.x >= C10_WARP_SIZE (every layout with 2+ vectors per thread), so the warp steps are
+// fixed. Must be reached by every thread of the block.
+//
+// Cheaper than row_sum<2> (layer_norm_cuda.cuh) for the same result: the first shuffle step swaps
+// halves, so that the lower half of each row-in-a-warp carries s0 and the upper half s1, and the
+// remaining steps shuffle one value instead of two (a full warp: 2 selects + 5 shuffles and adds,
+// not 10 of each); the warps' totals are read as one value per lane (lane 2w + k: sum k of warp w)
+// and folded in 4 steps. `scratch` alternates between two buffers from one row to the next (the
+// caller passes `parity`), so one barrier per row suffices: a buffer is written again only two
+// rows later, after every thread has passed the barrier of the row between, hence has finished
+// reading it.
+template <bool WHOLE_WARPS>
+__device__ __forceinline__ void row_sum2(float& s0, float& s1, float (*scratch)[2 * kMaxWarps], int parity) {
+  constexpr int kWarp = C10_WARP_SIZE;
+  static_assert(kMaxRegisterRowThreads / kWarp * 2 <= kWarp, "two values per warp in one warp");
+  const int width = WHOLE_WARPS ? kWarp : (blockDim.x < kWarp ? blockDim.x : kWarp);
+  if (!WHOLE_WARPS && width == 1) return;
+  const int half = width / 2;
+  const bool upper = (threadIdx.x & half) != 0;
+  float keep = upper ? s1 : s0;
+  keep += shuffle_xor(upper ? s0 : s1, half);
+#pragma unroll
+  for (int offset = kWarp / 4; offset > 0; offset /= 2) {
+    if (WHOLE_WARPS || offset < half) keep += shuffle_xor(keep, offset);
+  }
+  if (blockDim.x <= kWarp) {  // the row within one warp: its lanes first and first + half hold s0, s1
+    const int lane = (threadIdx.y * blockDim.x + threadIdx.x) % kWarp;
+    const int first = lane & ~(width - 1);  // the lane of the row's first thread
+#if defined(USE_ROCM)
+    s0 = __shfl(keep, first);
+    s1 = __shfl(keep, first + half);
+#else
+    s0 = __shfl_sync(0xffffffffu, keep, first);
+    s1 = __shfl_sync(0xffffffffu, keep, first + half);
+#endif
+    return;
+  }
+  // Several warps per row (blockDim.x a multiple of the warp): lanes 0 and half hold the warp's s0, s1.
+  const int lane = threadIdx.x % kWarp;
+  const int warps = blockDim.x / kWarp;
+  float* const row_scratch = scratch[parity] + threadIdx.y * 2 * warps;
+  if ((lane & (half - 1)) == 0) row_scratch[(threadIdx.x / kWarp) * 2 + (upper ? 1 : 0)] = keep;
+  __syncthreads();
+  float v = lane < 2 * warps ? row_scratch[lane] : 0.0f;
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 1; offset /= 2) v += shuffle_xor(v, offset);
+#if defined(USE_ROCM)
+  s0 = __shfl(v, 0);
+  s1 = __shfl(v, 1);
+#else
+  s0 = __shfl_sync(0xffffffffu, v, 0);
+  s1 = __shfl_sync(0xffffffffu, v, 1);
+#endif
+}
+
+// float4 chunks of one row slot's accumulators (and of the shared gamma copy) in backward_fused:
+// each of the threads_per_row threads has ITEMS vectors of V / 4 chunks. Chunk c (= k * V/4 + h:
+// elements 4h .. 4h+3 of the thread's k-th vector) of thread t sits at c * threads_per_row + t,
+// so the threads of a warp touch consecutive 16 bytes (no bank conflicts) and a thread reaches all
+// of its chunks from one address plus multiples of a block-uniform stride (no per-chunk address
+// registers). Chunks of vectors past the row end are unused.
+template <typename T>
+inline int64_t fused_region_chunks(int items, int threads_per_row) {
+  return int64_t(items) * (vector_width<T>() / 4) * threads_per_row;
+}
+
+// Register-resident backward over a persistent grid, like backward_in_registers (same layout, same
+// partial rows), with the per-element work of the comment above. Shared memory holds, in float4
+// chunks laid out as fused_region_chunks says: gamma (one copy for the block, in float), then
+// blockDim.y row slots of dgamma accumulators, then as many of dbeta (each only when wanted).
+// PREFETCH loads the thread's next row before working on the current one (two row slices in
+// registers, processed in turn, no copies between them); without it a thread reloads each vector
+// as soon as its dx is written. x_or_y holds x (never the memory-efficient y).
+template <typename T, typename W, int ITEMS, bool RMS, bool PREFETCH>
+__global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>()))
+    backward_fused(BackwardParams<T, W> p) {
+  static_assert(std::is_same_v<Acc<T>, float>, "16-bit and float32 data");
+  using Slice = RowSlice<T, W, ITEMS>;
+  constexpr int V = Slice::V;
+  constexpr int kChunks = V / 4;  // float4 chunks of one vector
+  constexpr int kThreadChunks = ITEMS * kChunks;
+  // 2+ vectors per thread only where a row fills a warp (register_layout), so row_sum2's steps are fixed.
+  constexpr bool kWholeWarps = ITEMS > 1;
+  // xhat = x * invvar + shift (one FFMA) where the rounding of shift = -mean * invvar, |mean| * invvar
+  // * 2^-24, is far below the input's own (|x| * invvar * 2^-8 for bf16, 2^-11 for fp16); for fp32
+  // data it is not, so fp32 keeps (x - mean) * invvar.
+  constexpr bool kShiftForm = sizeof(T) == 2;
+  __shared__ float scratch[2][2 * kMaxWarps];
+  extern __shared__ __align__(16) unsigned char fused_shared_bytes[];
+  float4* const shared = reinterpret_cast<float4*>(fused_shared_bytes);
+
+  const int vecs = p.cols / V;
+  const int region = kThreadChunks * blockDim.x;  // fused_region_chunks
+  const bool want_dgamma = p.dgamma_parts != nullptr, want_dbeta = p.dbeta_parts != nullptr;
+  float4* const accumulators = shared + region;
+  const int slots = blockDim.y;
+  const int nthreads = blockDim.x * blockDim.y;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int acc_chunks = slots * region * (int(want_dgamma) + int(want_dbeta));
+  // Column of chunk index i of a region, or -1 for chunks of vectors past the row end.
+  const auto chunk_column = [&](int i) {
+    const int c = i / blockDim.x, t = i - c * blockDim.x;
+    const int v = t + (c / kChunks) * blockDim.x;
+    return v < vecs ? v * V + (c % kChunks) * 4 : -1;
+  };
+  for (int i = tid; i < acc_chunks; i += nthreads) accumulators[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // The block's gamma copy in float, 1 without gamma (one code path: the multiply by 1 is cheaper
+  // than a second copy of the loop).
+  for (int i = tid; i < region; i += nthreads) {
+    const int c = chunk_column(i);
+    float4 g = make_float4(1.f, 1.f, 1.f, 1.f);
+    if (p.gamma && c >= 0) {
+      g = make_float4(float(p.gamma[c]), float(p.gamma[c + 1]), float(p.gamma[c + 2]), float(p.gamma[c + 3]));
+    }
+    shared[i] = g;
+  }
+  __syncthreads();
+
+  const auto vector_index = [&](int k) { return int(threadIdx.x) + k * int(blockDim.x); };
+  const auto owns = [&](int k) { return vector_index(k) < vecs; };
+
+  // This thread's chunk 0 of gamma and of the accumulators; chunk c is c * blockDim.x further.
+  const float4* const my_gamma = shared + threadIdx.x;
+  float4* const my_dgamma = accumulators + threadIdx.y * region + threadIdx.x;
+  float4* const my_dbeta = accumulators + ((want_dgamma ? slots : 0) + threadIdx.y) * region + threadIdx.x;
+  // gamma of chunk h (elements 4h .. 4h + 3) of the thread's k-th vector.
+  const auto gamma_chunk = [&](int k, int h, float (&g)[4]) {
+    const float4 four = my_gamma[(k * kChunks + h) * blockDim.x];
+    g[0] = four.x, g[1] = four.y, g[2] = four.z, g[3] = four.w;
+  };
+
+  // Addresses. A thread follows one pointer: x at its vector 0 of the current row. Its other
+  // vectors are k * vector_step bytes on, and dy (same element size) and dx are at block-uniform
+  // byte distances from x, which live in uniform registers: every other address costs one 64-bit
+  // add and no registers (recomputing row * cols + column for each took ~3 instructions per
+  // element).
+  constexpr bool kSameSize = sizeof(W) == sizeof(T);
+  const int64_t vector_step = int64_t(blockDim.x) * V * int64_t(sizeof(T));
+  const int64_t row_step = int64_t(gridDim.x) * blockDim.y * p.cols * int64_t(sizeof(T));
+  const int64_t dx_distance = reinterpret_cast<intptr_t>(p.dx) - reinterpret_cast<intptr_t>(p.x_or_y);
+  const int64_t dy_distance = reinterpret_cast<intptr_t>(p.dy) - reinterpret_cast<intptr_t>(p.x_or_y);
+  const auto at = [](const void* base, int64_t bytes) {
+    return reinterpret_cast<const char*>(base) + bytes;
+  };
+  // dy of the element whose x is at x_address (a 64-bit add; mixed dtypes: twice the x offset).
+  const auto dy_address = [&](const char* x_address) -> const void* {
+    if constexpr (kSameSize) return x_address + dy_distance;
+    return at(p.dy, (x_address - reinterpret_cast<const char*>(p.x_or_y)) * int64_t(sizeof(W) / sizeof(T)));
+  };
+  const auto load_vector_k = [&](const char* x_row, int k, Slice& s) {
+    const char* const x_address = x_row + k * vector_step;
+    s.x[k].load(reinterpret_cast<const T*>(x_address), 0);
+    s.dy[k].load(reinterpret_cast<const W*>(dy_address(x_address)), 0);
+  };
+  const auto load_statistics = [&](int64_t row, Slice& s) {
+    s.mean = RMS ? 0.f : p.mean[row];
+    s.invvar = p.invvar[row];
+  };
+  const auto load = [&](int64_t row, const char* x_row, Slice& s) {
+    if (row >= p.rows) return;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (owns(k)) load_vector_k(x_row, k, s);
+    }
+    load_statistics(row, s);
+  };
+
+  const int64_t stride = int64_t(gridDim.x) * blockDim.y;
+  int64_t first = int64_t(blockIdx.x) * blockDim.y;
+  const int64_t first_row = first + threadIdx.y;
+  const char* const first_x = at(p.x_or_y, (first_row * p.cols + vector_index(0) * V) * int64_t(sizeof(T)));
+
+  // The row loop, for one combination of wanted parameter grads (compile-time, so that nothing
+  // about the absent ones is computed per element).
+  const auto rows = [&](auto dgamma_wanted, auto dbeta_wanted) {
+    constexpr bool kDgamma = decltype(dgamma_wanted)::value, kDbeta = decltype(dbeta_wanted)::value;
+    // One row: sums, reduction, dx and the parameter-grad terms. Without PREFETCH it also reloads
+    // `s` with the next row, vector by vector as each is done.
+    const auto process = [&](Slice& s, int64_t row, const char* x_row, int parity) {
+      const bool live = row < p.rows;
+      const float invvar = s.invvar;
+      const float mean = s.mean;
+      const float shift = -mean * invvar;
+      const auto normalized = [&](float x) {
+        if constexpr (RMS) return x * invvar;
+        if constexpr (kShiftForm) return fmaf(x, invvar, shift);
+        return (x - mean) * invvar;
+      };
+
+      // Both passes work on every vector of the slice, owned or not: a vector past the row end is
+      // never loaded and stays zero (the slice starts zeroed), so it adds 0 to the sums and to its
+      // (unused) accumulator chunks; only its dx store is skipped. A branch per vector and pass,
+      // with its convergence barrier, cost more than that. A row past the end (the last iteration of
+      // some row slots) skips both passes: its data is a stale row's.
+      float s0 = 0.f, s1 = 0.f;  // of gamma * dy and of gamma * dy * xhat
+      if (live) {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+#pragma unroll
+          for (int h = 0; h < kChunks; ++h) {
+            float g[4], x[4], d[4];
+            gamma_chunk(k, h, g);
+            unpack_chunk(s.x[k], h, x);
+            unpack_chunk(s.dy[k], h, d);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float gdy = g[i] * d[i];
+              s0 += gdy;
+              s1 = fmaf(gdy, normalized(x[i]), s1);
+            }
+          }
+        }
+      }
+      row_sum2<kWholeWarps>(s0, s1, scratch, parity);
+      // dx = invvar * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat)) = fma(g*dy, invvar, fma(xhat, c2, c1)).
+      const float c2 = -invvar * (s1 * p.inv_cols);
+      const float c1 = RMS ? 0.f : -invvar * (s0 * p.inv_cols);
+
+      const int64_t next = row + stride;
+      const char* const next_x = x_row + row_step;
+      const char* const dx_row = x_row + dx_distance;
+      if (live) {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          // Unpack again rather than keep pass 1's floats live across the reduction.
+          s.x[k].unpack_again_after_this();
+          s.dy[k].unpack_again_after_this();
+          AlignedVector<uint32_t, V * int(sizeof(T)) / 4> out;  // dx as stored
+#pragma unroll
+          for (int h = 0; h < kChunks; ++h) {
+            float g[4], x[4], d[4], dx[4];
+            gamma_chunk(k, h, g);
+            unpack_chunk(s.x[k], h, x);
+            unpack_chunk(s.dy[k], h, d);
+            const int chunk = (k * kChunks + h) * blockDim.x;
+            float4 dgamma, dbeta;
+            if constexpr (kDgamma) dgamma = my_dgamma[chunk];
+            if constexpr (kDbeta) dbeta = my_dbeta[chunk];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float xhat = normalized(x[i]);
+              dx[i] = fmaf(g[i] * d[i], invvar, fmaf(xhat, c2, c1));
+              if constexpr (kDgamma) (&dgamma.x)[i] = fmaf(d[i], xhat, (&dgamma.x)[i]);
+              if constexpr (kDbeta) (&dbeta.x)[i] += d[i];
+            }
+            if constexpr (kDgamma) my_dgamma[chunk] = dgamma;
+            if constexpr (kDbeta) my_dbeta[chunk] = dbeta;
+            if constexpr (sizeof(T) == 2) {
+              out.value[2 * h] = pack_pair<T>(dx[0], dx[1]);
+              out.value[2 * h + 1] = pack_pair<T>(dx[2], dx[3]);
+            } else {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) out.value[4 * h + i] = __float_as_uint(dx[i]);
+            }
+          }
+          if (owns(k)) *reinterpret_cast<decltype(out)*>(const_cast<char*>(dx_row + k * vector_step)) = out;
+          // The next row's vector k as soon as this one is done with it (a row past the end has
+          // no next row, so nothing is lost by skipping this for it).
+          if constexpr (!PREFETCH) {
+            if (next < p.rows && owns(k)) load_vector_k(next_x, k, s);
+          }
+        }
+      }
+      if constexpr (!PREFETCH) {
+        if (next < p.rows) load_statistics(next, s);
+      }
+    };
+
+    // Every block runs the same number of iterations: row_sum2 synchronizes the whole block.
+    int64_t row = first_row;
+    const char* x_row = first_x;
+    if constexpr (PREFETCH) {
+      Slice a{}, b{};  // zeros: see process()
+      load(row, x_row, a);
+      while (first < p.rows) {
+        load(row + stride, x_row + row_step, b);
+        process(a, row, x_row, 0);
+        first += stride, row += stride, x_row += row_step;
+        if (first >= p.rows) break;
+        load(row + stride, x_row + row_step, a);
+        process(b, row, x_row, 1);
+        first += stride, row += stride, x_row += row_step;
+      }
+    } else {
+      Slice s{};  // zeros: see process()
+      load(row, x_row, s);
+      for (int parity = 0; first < p.rows; first += stride, row += stride, x_row += row_step, parity ^= 1) {
+        process(s, row, x_row, parity);
+      }
+    }
+  };
+  if (want_dgamma && want_dbeta && !RMS) {
+    rows(std::true_type{}, std::true_type{});
+  } else if (want_dgamma) {
+    rows(std::true_type{}, std::false_type{});
+  } else if (want_dbeta && !RMS) {  // RMSNorm has no bias
+    rows(std::false_type{}, std::true_type{});
+  } else {
+    rows(std::false_type{}, std::false_type{});
+  }
+
+  // Fold the row slots and write this block's partial rows.
+  __syncthreads();
+  const int64_t part = int64_t(blockIdx.x) * p.cols;
+  const float4* const beta = accumulators + (want_dgamma ? slots : 0) * region;
+  for (int i = tid; i < region; i += nthreads) {
+    const int c = chunk_column(i);
+    if (c < 0) continue;
+    if (want_dgamma) {
+      float4 sum = accumulators[i];
+      for (int s = 1; s < slots; ++s) {
+        const float4 more = accumulators[s * region + i];
+        sum.x += more.x, sum.y += more.y, sum.z += more.z, sum.w += more.w;
+      }
+      *reinterpret_cast<float4*>(p.dgamma_parts + part + c) = sum;
+    }
+    if (want_dbeta) {
+      float4 sum = beta[i];
+      for (int s = 1; s < slots; ++s) {
+        const float4 more = beta[s * region + i];
+        sum.x += more.x, sum.y += more.y, sum.z += more.z, sum.w += more.w;
+      }
+      *reinterpret_cast<float4*>(p.dbeta_parts + part + c) = sum;
+    }
+  }
+}
+
 // Scalar grad_input for any width and alignment: one pass for the sums, one for dx.
 template <typename T, typename W, bool RMS>
 __global__ void backward_streaming(BackwardParams<T, W> p) {
@@ -393,27 +808,53 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
       const dim3 block(layout->threads_per_row, layout->rows_per_block);
       const int64_t row_blocks = (a.rows + layout->rows_per_block - 1) / layout->rows_per_block;
       // The persistent grid: as many blocks as are resident at once, at most one per block of rows.
-      const auto launch = [&](auto kernel) {
+      const auto launch = [&](auto kernel, size_t shared) {
         const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), block.x * block.y,
-                                                        smem, device.device);
+                                                        shared, device.device);
         const int64_t blocks = std::min<int64_t>(row_blocks, int64_t(per_sm) * limits.sms);
         allocate_parts(blocks);
-        kernel<<<blocks, block, smem, stream>>>(p);
+        kernel<<<blocks, block, shared, stream>>>(p);
       };
+      // What a launch may ask for beyond the dynamic shared memory: the kernels' static scratch.
+      const auto fits = [&](size_t shared) { return shared + 1024 <= limits.shared_per_block_optin; };
       dispatch_bool(a.rms, [&](auto rms) {
         constexpr bool kRms = decltype(rms)::value;
-        dispatch_bool(a.memory_efficient, [&](auto memory_efficient) {
-          constexpr bool kMemoryEfficient = decltype(memory_efficient)::value;
-          dispatch_items(layout->items, [&](auto items) {
-            constexpr int kItems = std::min(decltype(items)::value, kMaxBackwardElements / V);
+        dispatch_items(layout->items, [&](auto items) {
+          constexpr int kItems = std::min(decltype(items)::value, kMaxBackwardElements / V);
+          // backward_fused, except where it does not apply; those take backward_in_registers below:
+          // - memory_efficient: x_or_y holds y, and xhat = (y - beta) / gamma needs beta and a
+          //   division per element, which backward_fused (x, and its FFMA forms) does not carry;
+          // - rows whose gamma copy leaves no room in shared memory next to the accumulators (near
+          //   the limit), where backward_in_registers reads gamma from global memory instead.
+          if (!a.memory_efficient) {
+            constexpr bool kPrefetch = fused_can_prefetch<T, W, kItems>();
+            const auto plain = backward_fused<T, W, kItems, kRms, false>;
+            const auto prefetching = backward_fused<T, W, kItems, kRms, kPrefetch>;
+            // The gamma copy, then the accumulators, in chunks of whole threads (fused_region_chunks).
+            const size_t region = sizeof(float4) * fused_region_chunks<T>(kItems, layout->threads_per_row);
+            const size_t with_gamma = region * (layout->rows_per_block * accumulators + 1);
+            if (fits(with_gamma)) {
+              // Prefetching holds a second row slice in registers. It is used where one block fills
+              // an SM anyway (wide rows, whose accumulators and gamma take most of the shared
+              // memory): there the registers cost no occupancy, and no other block is around to
+              // overlap this one's reductions with loads. Elsewhere it lost (see the top).
+              const bool prefetch =
+                  kPrefetch && cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(plain), block.x * block.y,
+                                                            with_gamma, device.device) == 1;
+              if (prefetch) return launch(prefetching, with_gamma);
+              return launch(plain, with_gamma);
+            }
+          }
+          dispatch_bool(a.memory_efficient, [&](auto memory_efficient) {
+            constexpr bool kMemoryEfficient = decltype(memory_efficient)::value;
             // Only rows wider than kBackwardItems vectors per thread reach one block per SM, so
             // narrower instances are not compiled with prefetch (they would never be chosen).
             constexpr bool kCanPrefetch = !kMemoryEfficient && kItems > kBackwardItems &&
                                           kItems * V * (sizeof(T) + sizeof(W)) <= kMaxPrefetchSliceBytes;
             if (kCanPrefetch && one_block_per_sm) {
-              launch(backward_in_registers<T, W, kItems, kRms, kMemoryEfficient, kCanPrefetch>);
+              launch(backward_in_registers<T, W, kItems, kRms, kMemoryEfficient, kCanPrefetch>, smem);
             } else {
-              launch(backward_in_registers<T, W, kItems, kRms, kMemoryEfficient, false>);
+              launch(backward_in_registers<T, W, kItems, kRms, kMemoryEfficient, false>, smem);
             }
           });
         });
