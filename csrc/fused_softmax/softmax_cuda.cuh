@@ -7,7 +7,8 @@
 //    stays packed). A lane takes kRows rows at once (kPacks vectors each, kRows * kPacks up to the
 //    lane's vector budget), issuing every load of all of them before using any: 4 KB per warp in
 //    flight (forward) where one 1 KB row gave 1 KB, which left HBM waiting. Reductions are lane
-//    shuffles.
+//    shuffles. Forward rows without a causal bound whose lanes' rows are evenly spaced in memory take
+//    warp_forward_once instead (softmax_forward.cuh: stepped offsets, each exponential computed once).
 //  - row kernel (longer rows, up to a cluster of kMaxCluster blocks of kMaxRowThreads, vector data
 //    only): one block per row, or on Hopper (sm_90) a thread-block cluster, each block one chunk.
 //    The row stays in registers (kRowForwardVectors / kRowBackwardVectors vectors per thread) and

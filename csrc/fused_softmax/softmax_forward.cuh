@@ -4,6 +4,7 @@
 // columns up to the diagonal and write zeros past it without reading anything.
 // forward_as<T> is instantiated once per dtype, each in a unit of its own (softmax_forward_<dtype>.cu),
 // so that ninja compiles the dtypes in parallel: as one unit they were the op's slowest.
+#include "apex/packed_pairs.cuh"
 #include "softmax_cuda.cuh"
 
 namespace apex::fused_softmax {
@@ -312,23 +313,6 @@ C10_DEVICE C10_ALWAYS_INLINE float exp_sum(const Packed<T, kVec>& x, float scale
 #pragma unroll
   for (int k = 0; k < kVec; ++k) sum += fast_exp2(fmaf(x[k], scale, -base));
   return sum;
-}
-
-// Two floats as one word of T, `low` in the low half: one cvt for both (sm_80 on).
-template <class T>
-C10_DEVICE C10_ALWAYS_INLINE uint32_t pack_pair(float low, float high) {
-  uint32_t out;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(USE_ROCM)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
-  } else {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
-  }
-#else
-  const T pair[2] = {static_cast<T>(low), static_cast<T>(high)};
-  memcpy(&out, pair, sizeof(out));
-#endif
-  return out;
 }
 
 // How a row's outputs follow from their exponents: y = exp2(x * scale - base) * inv. 16-bit outputs
@@ -679,6 +663,173 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
   if (cluster > 1) exchange_finish();
 }
 
+// ---- rows without a causal bound: each exponential computed once -------------------------------
+//
+// The kernels above compute exp2(x * scale - base) twice per element, in the sum pass and again in
+// the output pass (the row stays packed in registers between them). warp_forward_once keeps the sum
+// pass's exponentials in float registers (up to 32 a lane) and writes y = e * factor:
+// per element one FMUL where the output pass took a conversion, an FFMA and a MUFU.EX2 (half the
+// special-function work, and no launder or fold of 1 / sum). Causal rows keep the kernels above
+// (they skip the masked triangle and run past copy bandwidth already).
+
+// sum + exp2(x * scale - base) over the vector's elements, each kept in e.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE float exps_of(const Packed<T, kVec>& x, float scale, float base, float (&e)[kVec],
+                                           float sum) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    e[k] = fast_exp2(fmaf(x[k], scale, -base));
+    sum += e[k];
+  }
+  return sum;
+}
+
+// The vector's outputs e * factor, as T (16-bit pairs by one cvt).
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> outputs_of(const float (&e)[kVec], float factor) {
+  AlignedVector<T, kVec> y;
+  if constexpr (sizeof(T) == 2 && kVec % 2 == 0) {
+    uint32_t words[kVec / 2];
+#pragma unroll
+    for (int i = 0; i < kVec / 2; ++i) words[i] = pack_pair<T>(e[2 * i] * factor, e[2 * i + 1] * factor);
+    memcpy(&y, words, sizeof(y));
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) y.value[k] = static_cast<T>(e[k] * factor);
+  }
+  return y;
+}
+
+// The warp kernel for rows without a causal bound (warp_forward's shapes: `group` lanes per row, kRows
+// rows a lane, every load first), for layouts whose kRows rows of a lane are evenly spaced in memory
+// (see warp_once_fits): row j lies j * row_step elements past the lane's first and its mask row
+// j * mask_step bytes past (0: the heads of one (b, q) share it, loaded once), where stepping the
+// (b, h, q) indices and multiplying them out took ~40 instructions per row. Every row keeps all its
+// columns, so nothing is checked per vector: a lane's vectors past the row's end (short rows) are
+// dropped through flags fixed for the kernel, folded into the mask's; loads take no condition (a row
+// past the last reloads the lane's first; a lane past the last set reloads the last set's rows; a
+// vector past the end reloads the row's first: all inside the tensors, see sim_grid.py in scratch). The max is reduced across the group before the exponentials, which are kept for the output
+// (y = e / sum) where a row has at most 32 elements a lane.
+template <class T, int kVec, int kPacks>
+__global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_forward_once(ForwardArgs a, int group) {
+  constexpr int kRows = rows_per_lane(kWarpForwardVectors, kPacks);
+  constexpr uint32_t kAll = (1u << kVec) - 1u;
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.y);
+  const float scale = a.scale * kLog2e;
+  if (kPacks > 1) group = C10_WARP_SIZE;  // known here: the shuffles unroll, the columns are immediates
+  const bool head_fastest = heads_share_mask(a);
+  const WarpRows lanes(group);
+  const int member = lanes.member;
+  const auto column = [&](int p) { return (p * group + member) * kVec; };
+  const int cols = static_cast<int>(a.cols);  // at most kWarpForwardVectors * C10_WARP_SIZE vectors
+  const bool has_mask = a.mask != nullptr;
+  // This lane's vectors past the row's end (loaded from column 0, dropped whole).
+  Dropped<kVec> past[kPacks];
+  int load_column[kPacks];
+  bool any_past = false;
+#pragma unroll
+  for (int p = 0; p < kPacks; ++p) {
+    const bool out = column(p) >= cols;
+    past[p] = Dropped<kVec>::from_bits(out ? kAll : 0u);
+    load_column[p] = out ? 0 : column(p);
+    any_past = any_past || out;
+  }
+  // Kernel-uniform: rows without a mask whose warp has no vector past the end drop nothing.
+  const bool drop = has_mask || warp_any(any_past);
+  const int64_t row_step = head_fastest ? a.queries * a.cols : a.cols;
+  const int64_t mask_step = head_fastest ? 0 : a.mask_query_stride;
+  const bool shared_mask = head_fastest;  // every row of a lane uses its first row's mask row
+  const int64_t sets = (a.rows + kRows - 1) / kRows;
+  for (int64_t block_first = lanes.block_first; block_first < sets; block_first += lanes.step) {
+    const int64_t first = block_first + lanes.warp_offset;
+    const int64_t set = first + lanes.slot;
+    // A lane past the last set loads the last set's rows (and stores nothing): not `first`, which
+    // for a warp wholly past the last set (its block's last iteration) is past it too, so row_at()
+    // would step past the tensors (head-fastest: a head stride per head past the end).
+    const int64_t t0 = (set < sets ? set : sets - 1) * kRows;  // < rows: block_first < sets, so sets >= 1
+    const RowIndex r0 = row_at(a, t0, head_fastest);
+    const int64_t offset0 = row_offset(a, r0);
+    const uint8_t* const mask0 = has_mask ? mask_row(a, r0) : nullptr;
+    // Rows past the last (live false) reload row t0 and store nothing.
+    const int left = set < sets ? static_cast<int>(std::min<int64_t>(a.rows - t0, kRows)) : 0;
+    Packed<T, kVec> in[kRows][kPacks];
+    MaskBytes<kVec> masked[kRows][kPacks];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int step = j < left ? j : 0;
+      const int64_t offset = offset0 + step * row_step;
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) in[j][p] = Packed<T, kVec>::load(x, offset + load_column[p]);
+      if (has_mask && (j == 0 || !shared_mask)) {
+        const uint8_t* const mask = mask0 + step * mask_step;
+#pragma unroll
+        for (int p = 0; p < kPacks; ++p) masked[j][p] = MaskBytes<kVec>::load(mask, load_column[p]);
+      }
+    }
+    // Dropped elements become -inf; each row's largest scaled element, then the group's.
+    Dropped<kVec> flags[kPacks];
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) flags[p] = past[p];
+    float base[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (has_mask && (j == 0 || !shared_mask)) {
+#pragma unroll
+        for (int p = 0; p < kPacks; ++p) {
+          flags[p] = Dropped<kVec>::masked(masked[j][p]);
+#pragma unroll
+          for (int i = 0; i < Dropped<kVec>::kWords; ++i) flags[p].w[i] |= past[p].w[i];
+        }
+      }
+      LoadedMax<T> most;
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) {
+        if (drop) drop_elements(in[j][p], flags[p]);
+        most.absorb(in[j][p]);
+        if constexpr (LoadedMax<T>::template converts<kVec>()) launder(in[j][p]);
+      }
+      base[j] = most.value() * scale;
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) base[j] = exp_base(cuda::group_reduce(base[j], group, Max{}));
+    // Row by row: the exponentials, kept; their sum over the group; the outputs (one row's
+    // exponentials live at a time: all of them took past 96 registers and spilled). Rows of more
+    // than 32 elements a lane (one 16-bit row of 8 vectors) recompute them instead: 64 kept spilled.
+    constexpr bool kKeep = kPacks * kVec <= 32;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      float e[kKeep ? kPacks : 1][kVec];
+      float sum = 0.0f;
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) sum = exps_of(in[j][p], scale, base[j], e[kKeep ? p : 0], sum);
+      const float inv = inverse_sum(cuda::group_reduce(sum, group, Sum{}));
+      if constexpr (!kKeep) {
+#pragma unroll
+        for (int p = 0; p < kPacks; ++p) launder(in[j][p]);
+      }
+      T* const row_y = y + offset0 + j * row_step;
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) {
+        if constexpr (!kKeep) exps_of(in[j][p], scale, base[j], e[0], 0.0f);
+        store_vector_if(j < left && column(p) < cols, row_y + column(p), outputs_of<T, kVec>(e[kKeep ? p : 0], inv));
+      }
+    }
+  }
+}
+
+// Whether warp_forward_once takes the call's rows, for its instance of `packs` vectors a lane: no
+// causal bound, and each lane's rows evenly spaced (warp_forward_once): storage order without a mask
+// always; heads sharing a mask row (visited head-fastest) where np is a multiple of the rows a lane
+// takes; storage order with a mask where sq is. The rest keeps warp_forward.
+inline bool warp_once_fits(const ForwardArgs& a, int packs) {
+  if (a.causal) return false;
+  const int rows = rows_per_lane(kWarpForwardVectors, packs);
+  const bool head_fastest = a.mask != nullptr && a.mask_head_stride == 0 && a.heads > 1;
+  if (head_fastest) return a.heads % rows == 0;
+  return a.mask == nullptr || a.queries % rows == 0;
+}
+
 // One block (or a cluster of plan.cluster blocks, one chunk each) per row; see softmax_cuda.cuh.
 template <class T, int kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm) block_forward(ForwardArgs a, Plan plan) {
@@ -761,6 +912,22 @@ void run(const ForwardArgs& args, const Cuda& device) {
     plan_block(plan, args.cols, stage_bytes_per_column, device, supports_clusters(block_forward<T, kVec>, device));
     launch_block_kernel(block_forward<T, kVec>, plan, args, device, "fused_softmax forward");
     return;
+  }
+  // Rows without a causal bound that warp_forward_once takes (short rows, lanes' rows evenly spaced:
+  // warp_once_fits); the rest as before.
+  if (!args.causal) {
+    const int64_t vectors = ceil_div(args.cols, kVec);
+    if (vectors <= int64_t{C10_WARP_SIZE} * kWarpForwardVectors) {
+      Plan plan{};
+      plan.vec = kVec;
+      plan_warp(plan, vectors);
+      if (warp_once_fits(args, plan.packs)) {
+        void (*const once_kernels[])(ForwardArgs, int) = {warp_forward_once<T, kVec, 1>, warp_forward_once<T, kVec, 2>,
+                                                           warp_forward_once<T, kVec, 4>, warp_forward_once<T, kVec, 8>};
+        launch_warp_kernel(once_kernels, plan, args, device, "fused_softmax forward");
+        return;
+      }
+    }
   }
   run_rows(args, device, kVec, kRowForwardVectors, stage_bytes_per_column, row_kernel, block_forward<T, kVec>,
            warp_kernels, "fused_softmax forward");

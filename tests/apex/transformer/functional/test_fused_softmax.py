@@ -252,6 +252,55 @@ def test_kernel_boundaries_many_rows_per_block(dtype):
             torch.cuda.empty_cache()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_far_negative_scores_beside_masked_stretches(device, dtype):
+    """Scaled scores near -400 (exp2 of them underflows), with columns masked in a pattern that leaves
+    whole CUDA threads (the row kernels' strided vectors, warp-kernel lanes) nothing to keep, beside
+    random masking and fully masked rows. A kernel rescaling per-thread sums by exp2(own max - row max)
+    must not turn a thread with nothing kept into inf * 0."""
+    per_vector = 128 // torch.finfo(dtype).bits
+    widths = [64, 520] + ([2048, 4096, 16392, 32768, 40008, 65536] if device == "cuda" else [])
+    for sk in widths:
+        b, heads, sq = 2, 3, 5
+        x = (torch.randn(b, heads, sq, sk, device=device) * 3 - 300).to(dtype)
+        columns = torch.arange(sk, device=device)
+        stretch = ((columns // per_vector) % 64) < 20  # threads t with t % 64 < 20 keep nothing
+        mask = (torch.rand(b, 1, sq, sk, device=device) < 0.1) | stretch
+        mask[1, :, 2] = True
+        y = ops().scaled_masked_softmax_forward(x, mask, 1.0)
+        assert torch.isfinite(y).all()
+        assert (y[1, :, 2] == 0).all()
+        check(y, reference(x, 1.0, mask.expand_as(x)), TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_long_rows_ragged_chunks_and_many_mask_rows(dtype):
+    """Rows past the warp kernel whose width leaves the last threads (or the last block of a
+    cluster) part of a chunk, many rows per block with the mask row changing every few rows (np 3)
+    and across blocks, a uint8 mask, fully masked rows; forward and backward, every row checked."""
+    per_vector = 128 // torch.finfo(dtype).bits
+    for sk in (2048 + per_vector, 4096 + 3 * per_vector, 32768 + per_vector, 65536 - per_vector, 70000):
+        sk -= sk % per_vector
+        heads = 3
+        sq = max(3, 3_000_000 // (2 * heads * sk)) | 1
+        x = torch.randn(2, heads, sq, sk, device="cuda").to(dtype) * 4
+        mask = padding_mask(2, sq, sk, "cuda").to(torch.uint8) * 0x80
+        y = ops().scaled_masked_softmax_forward(x, mask, 0.6)
+        check(y, reference(x, 0.6, (mask != 0).expand_as(x)), TOL[dtype])
+        assert (y[0, :, 0] == 0).all() and (y[-1, :, -1] == 0).all()
+        z = ops().scaled_softmax_forward(x, 0.6)
+        check(z, reference(x, 0.6), TOL[dtype])
+        g = torch.randn_like(x)
+        g_before = g.clone()
+        dx = ops().scaled_masked_softmax_backward(g, y, 0.6)
+        check(dx, reference_grad(g, y, 0.6), GRAD_TOL[dtype])
+        assert torch.equal(g, g_before)
+        del x, mask, y, z, g, g_before, dx
+        torch.cuda.empty_cache()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_causal_row_kernel_many_rows_per_block(dtype):
