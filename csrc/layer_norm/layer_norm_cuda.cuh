@@ -131,6 +131,10 @@ void dispatch_bool(bool value, F&& f) {
   return f(std::false_type{});
 }
 
+// The forward for data type T and parameter type W (layer_norm_forward.cuh).
+template <class T, class W>
+void forward_typed(const Cuda& device, const ForwardArgs& args);
+
 // The backward for data type T and parameter type W (layer_norm_backward.cuh).
 template <class T, class W>
 void backward_typed(const Cuda& device, const BackwardArgs& args, const Scratch& scratch);
