@@ -708,7 +708,9 @@ C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> outputs_of(const float (&e)[
 // columns, so nothing is checked per vector: a lane's vectors past the row's end (short rows) are
 // dropped through flags fixed for the kernel, folded into the mask's; loads take no condition (a row
 // past the last reloads the lane's first; a lane past the last set reloads the last set's rows; a
-// vector past the end reloads the row's first: all inside the tensors, see sim_grid.py in scratch). The max is reduced across the group before the exponentials, which are kept for the output
+// vector past the end reloads the row's first: all inside the tensors, which a simulation of every
+// block, warp and lane of the launch checked over many shapes, and compute-sanitizer on the GPU).
+// The max is reduced across the group before the exponentials, which are kept for the output
 // (y = e / sum) where a row has at most 32 elements a lane.
 template <class T, int kVec, int kPacks>
 __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_forward_once(ForwardArgs a, int group) {

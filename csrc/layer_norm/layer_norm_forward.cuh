@@ -221,7 +221,8 @@ struct Words {
       const uint32_t word = w[i / 2];
       const bool high = i % 2 == 1;
       if constexpr (std::is_same_v<E, c10::BFloat16>) return __uint_as_float(high ? word & 0xffff0000u : word << 16);
-      return static_cast<float>(c10::Half(static_cast<uint16_t>(high ? word >> 16 : word & 0xffffu), c10::Half::from_bits()));
+      const auto bits = static_cast<uint16_t>(high ? word >> 16 : word & 0xffffu);
+      return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
     }
   }
 
@@ -303,7 +304,8 @@ constexpr int kVectorizedOverhead = 24;
 // vectors and holds them (~96 registers at 4 bf16 vectors), which halves the resident blocks.
 template <typename T, int ITEMS>
 constexpr int vectorized_registers() {
-  constexpr int kNeeded = (ITEMS * vector_width<T>() + kVectorizedOverhead + kRegisterStep - 1) / kRegisterStep * kRegisterStep;
+  constexpr int kSlice = ITEMS * vector_width<T>();  // the row slice, in float registers
+  constexpr int kNeeded = (kSlice + kVectorizedOverhead + kRegisterStep - 1) / kRegisterStep * kRegisterStep;
   constexpr int kByRegisters = kSmRegisters / (kNeeded * kBlockThreads);
   constexpr int kBlocks = kByRegisters < kSmThreads / kBlockThreads ? kByRegisters : kSmThreads / kBlockThreads;
   static_assert(kBlocks >= 1, "a 256-thread block must fit an SM");
