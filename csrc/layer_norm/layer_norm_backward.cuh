@@ -1,7 +1,8 @@
 #pragma once
-// LayerNorm / RMSNorm backward on CUDA: the kernels and backward_typed<T, W>, which
-// layer_norm_backward_<dtypes>.cu instantiate, one dtype pair each (so that ninja compiles them in
-// parallel: all pairs in one file took 83 s), and layer_norm_backward.cu dispatches to.
+// LayerNorm / RMSNorm backward on CUDA: the kernels and backward_typed<T, W, RMS>, which
+// layer_norm_backward_<dtypes>[_rms].cu instantiate, one dtype pair and norm each (so that ninja
+// compiles them in parallel: all pairs in one file took 83 s, one pair of both norms ~12 s of device
+// compile after the fused kernel's specialisations), and layer_norm_backward.cu dispatches to.
 //
 // grad_input needs two sums per row (of g*dy and of g*dy*xhat); grad_weight / grad_bias are
 // sums over rows. The register-resident kernels keep each row in registers (as loaded, 16-bit
@@ -755,7 +756,7 @@ __global__ void sum_partial_rows(const A* parts, int64_t num_parts, int cols, W*
   if (threadIdx.y == 0 && c < cols) out[c] = static_cast<W>(total);
 }
 
-template <typename T, typename W>
+template <typename T, typename W, bool RMS>
 void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& scratch) {
   using A = Acc<T>;
   constexpr int V = vector_width<T>();
@@ -817,56 +818,50 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
       };
       // What a launch may ask for beyond the dynamic shared memory: the kernels' static scratch.
       const auto fits = [&](size_t shared) { return shared + 1024 <= limits.shared_per_block_optin; };
-      dispatch_bool(a.rms, [&](auto rms) {
-        constexpr bool kRms = decltype(rms)::value;
-        dispatch_items(layout->items, [&](auto items) {
-          constexpr int kItems = std::min(decltype(items)::value, kMaxBackwardElements / V);
-          // backward_fused, except where it does not apply; those take backward_in_registers below:
-          // - memory_efficient: x_or_y holds y, and xhat = (y - beta) / gamma needs beta and a
-          //   division per element, which backward_fused (x, and its FFMA forms) does not carry;
-          // - rows whose gamma copy leaves no room in shared memory next to the accumulators (near
-          //   the limit), where backward_in_registers reads gamma from global memory instead.
-          if (!a.memory_efficient) {
-            constexpr bool kPrefetch = fused_can_prefetch<T, W, kItems>();
-            const auto plain = backward_fused<T, W, kItems, kRms, false>;
-            const auto prefetching = backward_fused<T, W, kItems, kRms, kPrefetch>;
-            // The gamma copy, then the accumulators, in chunks of whole threads (fused_region_chunks).
-            const size_t region = sizeof(float4) * fused_region_chunks<T>(kItems, layout->threads_per_row);
-            const size_t with_gamma = region * (layout->rows_per_block * accumulators + 1);
-            if (fits(with_gamma)) {
-              // Prefetching holds a second row slice in registers. It is used where one block fills
-              // an SM anyway (wide rows, whose accumulators and gamma take most of the shared
-              // memory): there the registers cost no occupancy, and no other block is around to
-              // overlap this one's reductions with loads. Elsewhere it lost (see the top).
-              const bool prefetch =
-                  kPrefetch && cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(plain), block.x * block.y,
-                                                            with_gamma, device.device) == 1;
-              if (prefetch) return launch(prefetching, with_gamma);
-              return launch(plain, with_gamma);
-            }
+      dispatch_items(layout->items, [&](auto items) {
+        constexpr int kItems = std::min(decltype(items)::value, kMaxBackwardElements / V);
+        // backward_fused, except where it does not apply; those take backward_in_registers below:
+        // - memory_efficient: x_or_y holds y, and xhat = (y - beta) / gamma needs beta and a
+        //   division per element, which backward_fused (x, and its FFMA forms) does not carry;
+        // - rows whose gamma copy leaves no room in shared memory next to the accumulators (near
+        //   the limit), where backward_in_registers reads gamma from global memory instead.
+        if (!a.memory_efficient) {
+          constexpr bool kPrefetch = fused_can_prefetch<T, W, kItems>();
+          const auto plain = backward_fused<T, W, kItems, RMS, false>;
+          const auto prefetching = backward_fused<T, W, kItems, RMS, kPrefetch>;
+          // The gamma copy, then the accumulators, in chunks of whole threads (fused_region_chunks).
+          const size_t region = sizeof(float4) * fused_region_chunks<T>(kItems, layout->threads_per_row);
+          const size_t with_gamma = region * (layout->rows_per_block * accumulators + 1);
+          if (fits(with_gamma)) {
+            // Prefetching holds a second row slice in registers. It is used where one block fills
+            // an SM anyway (wide rows, whose accumulators and gamma take most of the shared
+            // memory): there the registers cost no occupancy, and no other block is around to
+            // overlap this one's reductions with loads. Elsewhere it lost (see the top).
+            const bool prefetch =
+                kPrefetch && cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(plain), block.x * block.y,
+                                                          with_gamma, device.device) == 1;
+            if (prefetch) return launch(prefetching, with_gamma);
+            return launch(plain, with_gamma);
           }
-          dispatch_bool(a.memory_efficient, [&](auto memory_efficient) {
-            constexpr bool kMemoryEfficient = decltype(memory_efficient)::value;
-            // Only rows wider than kBackwardItems vectors per thread reach one block per SM, so
-            // narrower instances are not compiled with prefetch (they would never be chosen).
-            constexpr bool kCanPrefetch = !kMemoryEfficient && kItems > kBackwardItems &&
-                                          kItems * V * (sizeof(T) + sizeof(W)) <= kMaxPrefetchSliceBytes;
-            if (kCanPrefetch && one_block_per_sm) {
-              launch(backward_in_registers<T, W, kItems, kRms, kMemoryEfficient, kCanPrefetch>, smem);
-            } else {
-              launch(backward_in_registers<T, W, kItems, kRms, kMemoryEfficient, false>, smem);
-            }
-          });
+        }
+        dispatch_bool(a.memory_efficient, [&](auto memory_efficient) {
+          constexpr bool kMemoryEfficient = decltype(memory_efficient)::value;
+          // Only rows wider than kBackwardItems vectors per thread reach one block per SM, so
+          // narrower instances are not compiled with prefetch (they would never be chosen).
+          constexpr bool kCanPrefetch = !kMemoryEfficient && kItems > kBackwardItems &&
+                                        kItems * V * (sizeof(T) + sizeof(W)) <= kMaxPrefetchSliceBytes;
+          if (kCanPrefetch && one_block_per_sm) {
+            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, kCanPrefetch>, smem);
+          } else {
+            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, false>, smem);
+          }
         });
       });
     }
   } else {
     const RowLayout shape = streaming_layout(a.cols, limits.warp_size);
     const int64_t blocks = (a.rows + shape.rows_per_block - 1) / shape.rows_per_block;
-    dispatch_bool(a.rms, [&](auto rms) {
-      backward_streaming<T, W, decltype(rms)::value>
-          <<<blocks, dim3(shape.threads_per_row, shape.rows_per_block), 0, stream>>>(p);
-    });
+    backward_streaming<T, W, RMS><<<blocks, dim3(shape.threads_per_row, shape.rows_per_block), 0, stream>>>(p);
     if (accumulators > 0) {
       const int64_t column_blocks = (a.cols + kFoldColumns - 1) / kFoldColumns;
       // Enough row chunks to give every SM a few blocks, each chunk at least kFoldRows rows.

@@ -1,6 +1,7 @@
-// LayerNorm / RMSNorm backward kernels for bfloat16 data and parameters (one dtype pair per file: they compile in parallel).
+// LayerNorm backward kernels for bfloat16 data and parameters (one dtype pair and norm per file:
+// they compile in parallel).
 #include "layer_norm_backward.cuh"
 
 namespace apex::layer_norm {
-template void backward_typed<c10::BFloat16, c10::BFloat16>(const Cuda&, const BackwardArgs&, const Scratch&);
+template void backward_typed<c10::BFloat16, c10::BFloat16, false>(const Cuda&, const BackwardArgs&, const Scratch&);
 }  // namespace apex::layer_norm

@@ -135,8 +135,8 @@ void dispatch_bool(bool value, F&& f) {
 template <class T, class W>
 void forward_typed(const Cuda& device, const ForwardArgs& args);
 
-// The backward for data type T and parameter type W (layer_norm_backward.cuh).
-template <class T, class W>
+// The backward for data type T, parameter type W and RMSNorm or LayerNorm (layer_norm_backward.cuh).
+template <class T, class W, bool RMS>
 void backward_typed(const Cuda& device, const BackwardArgs& args, const Scratch& scratch);
 
 }  // namespace apex::layer_norm

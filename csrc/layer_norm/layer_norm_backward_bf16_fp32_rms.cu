@@ -1,0 +1,7 @@
+// RMSNorm backward kernels for bfloat16 data with float32 parameters (one dtype pair and norm per
+// file: they compile in parallel).
+#include "layer_norm_backward.cuh"
+
+namespace apex::layer_norm {
+template void backward_typed<c10::BFloat16, float, true>(const Cuda&, const BackwardArgs&, const Scratch&);
+}  // namespace apex::layer_norm
