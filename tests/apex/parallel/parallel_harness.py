@@ -35,6 +35,10 @@ def _rank_main(rank, world_size, port, backend, fn, args, out_dir):
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        # No rank tears the group down while a peer may still be exchanging its last messages: gloo
+        # can abort that peer (std::terminate, "terminate called without an active exception", seen
+        # once in CI in test_reducer_averages_module_grads_and_tensor_lists).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
