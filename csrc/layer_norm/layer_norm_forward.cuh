@@ -28,6 +28,7 @@
 // of copy for bf16 LayerNorm and below forward_in_registers for float data; this kernel reaches
 // 87-95% (bf16) with no loss for float.
 
+#include "apex/packed_pairs.cuh"
 #include "layer_norm_cuda.cuh"
 
 namespace apex::layer_norm {
@@ -226,26 +227,14 @@ struct Words {
     }
   }
 
-  // Elements i and i + 1 (i even) from floats, rounded to nearest even: one conversion instruction
-  // for the pair with 16-bit E (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32), as static_cast<E> rounds.
+  // Elements i and i + 1 (i even) from floats, rounded to nearest even as static_cast<E> rounds:
+  // for 16-bit E one conversion instruction for the pair (pack_pair).
   __device__ __forceinline__ void set_pair(int i, float lo, float hi) {
     if constexpr (sizeof(E) == 4) {
       w[i] = __float_as_uint(lo);
       w[i + 1] = __float_as_uint(hi);
     } else {
-#if defined(USE_ROCM)
-      w[i / 2] = uint32_t(E(lo).x) | uint32_t(E(hi).x) << 16;
-#else
-      uint32_t packed;
-      if constexpr (std::is_same_v<E, c10::BFloat16>) {
-        const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-        memcpy(&packed, &pair, sizeof(packed));
-      } else {
-        const __half2 pair = __floats2half2_rn(lo, hi);
-        memcpy(&packed, &pair, sizeof(packed));
-      }
-      w[i / 2] = packed;
-#endif
+      w[i / 2] = pack_pair<E>(lo, hi);
     }
   }
 };
