@@ -240,3 +240,105 @@ def test_more_than_2_31_elements_on_gpu():
                                    rtol=LOSS_TOL[torch.bfloat16], atol=LOSS_TOL[torch.bfloat16])
         expected = reference_grad(logits[at], labels[at], 0.1, -100, grad_loss[at])
         torch.testing.assert_close(x.grad[at].double(), expected, rtol=rtol, atol=atol)
+
+
+# --- the 16-bit kernels' boundaries (csrc/xentropy/xentropy_fast.cuh) -------------------------------
+# Block shape: 64 / 128 / 256 threads switch at 4096 / 8192 classes (512 / 1024 packs of 8), a
+# batch is 8 packs a thread; the warp shape (a warp per row) serves >= 16 rows per SM.
+
+
+def warp_shape_rows():
+    """Rows enough for the forward's warp-per-row shape (xentropy_cuda.cu's kWarpRowsMinPerSm)."""
+    return 16 * torch.cuda.get_device_properties(0).multi_processor_count + 3
+
+
+BOUNDARY_CLASSES = [2, 8, 9, 15, 17, 255, 257, 4095, 4097, 8191, 8193, 32001]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("classes", BOUNDARY_CLASSES)
+def test_16_bit_block_shape_boundaries_on_gpu(dtype, classes):
+    logits, labels = make_inputs(5, classes, dtype, "cuda", ignored=1)
+    check(logits, labels, 0.1, -100)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("classes", [1, 7, 8, 9, 257, 1000, 4097, 32001])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_16_bit_warp_shape_on_gpu(dtype, classes, smoothing):
+    logits, labels = make_inputs(warp_shape_rows(), classes, dtype, "cuda", ignored=40)
+    check(logits, labels, smoothing, -100)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [5, "warp"])
+def test_16_bit_misaligned_rows_on_gpu(rows):
+    # Rows starting 1..7 elements past a 16-byte boundary: scalar heads and tails around the packs.
+    rows = warp_shape_rows() if rows == "warp" else rows
+    wide = (3 * torch.randn(rows, 4121, device="cuda")).bfloat16()
+    labels = torch.randint(0, 4000, (rows,), device="cuda")
+    for view in (wide[:, 3:4003], wide[:, 1:4116], wide[:, :4113], wide[:, 7:10]):
+        check(view, labels.clamp(max=view.shape[1] - 1), 0.1, -100)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows", [5, "warp"])
+def test_equal_logits_on_gpu(dtype, rows):
+    # Every logit of a row equal (0, 5, -3 by row): loss log(V), gradient g * (1 - s) * (1/V - [j == y]).
+    rows = warp_shape_rows() if rows == "warp" else rows
+    values = torch.tensor([0.0, 5.0, -3.0], device="cuda").repeat(rows)[:rows]
+    logits = values[:, None].expand(rows, 32001).to(dtype).contiguous()
+    labels = torch.randint(0, 32001, (rows,), device="cuda")
+    check(logits, labels, 0.1, -100)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("rows", [4, "warp"])
+def test_16_bit_infinite_logits_on_gpu(dtype, smoothing, rows):
+    # test_infinite_logits on 16-bit rows long enough for packs: -inf logits inside packs and in the
+    # scalar tail, a row whose first packs are all -inf, and an all -inf row (NaN, as in torch).
+    rows = warp_shape_rows() if rows == "warp" else rows
+    classes = 4099
+    logits = (3 * torch.randn(rows, classes, device="cuda")).to(dtype)
+    logits[:, 2] = float("-inf")
+    logits[:, classes - 1] = float("-inf")
+    logits[1, :2048] = float("-inf")
+    logits[rows - 1, :] = float("-inf")
+    labels = torch.randint(2048, classes - 1, (rows,), device="cuda")
+    x = logits.clone().requires_grad_()
+    losses = softmax_cross_entropy(x, labels, smoothing=smoothing)
+    losses[: rows - 1].sum().backward()
+    y = logits[: rows - 1].float().requires_grad_()
+    expected = F.cross_entropy(y, labels[: rows - 1], reduction="none", label_smoothing=smoothing)
+    expected.sum().backward()
+    torch.testing.assert_close(losses[: rows - 1], expected, rtol=2e-5, atol=2e-5)
+    assert bool(losses[: rows - 1].isfinite().all()) == (smoothing == 0.0)
+    assert losses[rows - 1].isnan()
+    rtol, atol = GRAD_TOL[dtype]
+    torch.testing.assert_close(x.grad[: rows - 1].float(), y.grad, rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [5, "warp"])
+def test_large_logits_on_gpu(dtype, rows):
+    # Logits around 1e4: exp(x) overflows float without the max subtracted. A float lse of ~1e4
+    # holds ~5e-4 of it, so the loss (a difference of such terms) is checked to 1e4 * 2^-20, and the
+    # probabilities exp(x - lse) of the gradient to a relative 4e-3.
+    rows = warp_shape_rows() if rows == "warp" else rows
+    logits = (1e4 + 30 * torch.randn(rows, 4099, device="cuda", dtype=torch.float64)).to(dtype)
+    labels = torch.randint(0, 4099, (rows,), device="cuda")
+    x = logits.clone().requires_grad_()
+    losses = softmax_cross_entropy(x, labels, smoothing=0.1)
+    grad_loss = torch.rand(rows, device="cuda")
+    losses.backward(grad_loss)
+    assert losses.isfinite().all()
+    torch.testing.assert_close(losses.double(), reference_losses(logits, labels, 0.1, -100), rtol=0, atol=1e4 * 2**-20)
+    rtol, atol = GRAD_TOL[dtype]
+    torch.testing.assert_close(x.grad.double(), reference_grad(logits, labels, 0.1, -100, grad_loss),
+                               rtol=max(rtol, 4e-3), atol=max(atol, 1e-5))
