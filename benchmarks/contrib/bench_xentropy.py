@@ -6,9 +6,14 @@ are negligible); forward+backward also reads them again and writes their gradien
 CUDA-graph replays of 10 back-to-back calls (device time). Targets (issue 16): >= 90 % of copy
 bandwidth both ways at 8192x128256 and 16384x32000.
 
-    python benchmarks/contrib/bench_xentropy.py
+    python benchmarks/contrib/bench_xentropy.py [--impls apex,torch,torch.compile]
+
+--impls times only the named implementations (an A/B of apex kernel variants needs no torch rows:
+APEX_XENTROPY_VARIANT=warp python benchmarks/contrib/bench_xentropy.py --impls apex).
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -30,12 +35,16 @@ def apex_loss(logits, labels):
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--impls", default="apex,torch,torch.compile", help="comma-separated: apex, torch, torch.compile")
+    names = parser.parse_args().impls.split(",")
     require_gpu(__file__)
     table = new_table("softmax cross entropy, mean, bf16 logits, label smoothing 0.1")
     for rows, classes in SHAPES:
         logits = torch.randn(rows, classes, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         labels = torch.randint(0, classes, (rows,), device="cuda")
-        impls = {"apex": apex_loss, "torch": torch_loss, "torch.compile": compiled(torch_loss)}
+        makers = {"apex": lambda: apex_loss, "torch": lambda: torch_loss, "torch.compile": lambda: compiled(torch_loss)}
+        impls = {name: makers[name]() for name in names}
         size = rows * classes * logits.element_size()
         compare(table, f"{rows}x{classes}", impls, (logits, labels), size, 3 * size)
         del logits
