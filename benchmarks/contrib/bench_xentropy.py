@@ -8,8 +8,8 @@ bandwidth both ways at 8192x128256 and 16384x32000.
 
     python benchmarks/contrib/bench_xentropy.py [--impls apex,torch,torch.compile]
 
---impls times only the named implementations (an A/B of apex kernel variants needs no torch rows:
-APEX_XENTROPY_VARIANT=warp python benchmarks/contrib/bench_xentropy.py --impls apex).
+--impls times only the named implementations (`--impls apex` to compare apex builds, without the
+torch rows).
 """
 from __future__ import annotations
 

@@ -1,21 +1,20 @@
 // xentropy: CUDA kernels. One block per row (blocks loop over rows), each a single pass over the
-// row's logits in 16-byte vectors (apex/row_softmax.cuh):
+// row's logits in 16-byte vectors. bfloat16 / float16 logits take xentropy_16bit.cuh's kernels
+// (ex2.approx, packed 16-bit max: ~5.5 SASS instructions an element against ~15 here; 95-96% of
+// copy bandwidth fwd+bwd on an H200, from 86-89%); float32 / float64 take the generic ones below
+// (apex/row_softmax.cuh):
 //  forward:  online softmax statistics (running max, sum of exp(x - max), sum of x), merged over
 //            the block; writes only the row's loss and log-sum-exp. Nothing of the row is kept on
 //            chip, so 256K classes run like 32K ones.
 //  backward: reads the row once more and writes its gradient, exp(x - lse) recomputed per element.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
-#include <stdexcept>
-#include <string>
 
 #include "apex/cuda.cuh"
 #include "apex/block_reduce.cuh"
 #include "apex/row_softmax.cuh"
 #include "xentropy.h"
-#include "xentropy_fast.cuh"
+#include "xentropy_16bit.cuh"
 #include "xentropy_math.h"
 
 namespace apex::xentropy {
@@ -96,51 +95,21 @@ unsigned blocks_for(int64_t rows) {
   return static_cast<unsigned>(std::min<int64_t>(rows, std::numeric_limits<int32_t>::max()));
 }
 
-// A/B switch, read once (the lead keeps the winner and removes it): APEX_XENTROPY_VARIANT unset or
-// "base": the kernels above for every dtype. "fast": 16-bit logits take xentropy_fast.cuh's block
-// kernels (forward and backward). "warp": as "fast", and the forward takes a warp per row when the
-// rows fill the device.
-enum class Variant { kBase, kFast, kWarp };
-
-Variant variant() {
-  static const Variant chosen = [] {
-    const char* name = std::getenv("APEX_XENTROPY_VARIANT");
-    if (name == nullptr || *name == '\0' || std::strcmp(name, "base") == 0) return Variant::kBase;
-    if (std::strcmp(name, "fast") == 0) return Variant::kFast;
-    if (std::strcmp(name, "warp") == 0) return Variant::kWarp;
-    throw std::invalid_argument(std::string("APEX_XENTROPY_VARIANT: unknown variant ") + name);
-  }();
-  return chosen;
-}
-
-// Rows per SM from which the forward takes a warp per row: half the warps an SM holds, so that the
-// warps in flight alone keep ~64 KB an SM loading.
-constexpr int64_t kWarpRowsMinPerSm = 16;
-
-template <class T>
-void forward_fast(const Cuda& device, const ForwardArgs& args) {
-  const int64_t rows = args.logits.rows;
-  if (variant() == Variant::kWarp && rows >= kWarpRowsMinPerSm * sm_count(device.device)) {
-    const unsigned blocks = grid_size(rows, fast::kWarpRowsThreads / C10_WARP_SIZE, fast::kWarpRowsBlocksPerSm, device);
-    fast::forward_warp_rows<T><<<blocks, fast::kWarpRowsThreads, 0, cuda::stream(device)>>>(args);
-  } else {
-    const unsigned threads = row_threads<T>(args.logits.classes, fast::kBlockRowsUnroll, fast::kBlockRowsMinThreads,
-                                            fast::kBlockRowsMaxThreads);
-    fast::forward_block_rows<T><<<blocks_for(rows), threads, 0, cuda::stream(device)>>>(args);
-  }
-}
-
 }  // namespace
 
 void forward(const Cuda& device, const ForwardArgs& args) {
   if (args.logits.rows == 0) return;
   dispatch_floating(args.logits.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    const unsigned blocks = blocks_for(args.logits.rows);
     if constexpr (sizeof(T) == 2) {
-      if (variant() != Variant::kBase) return forward_fast<T>(device, args);
+      const unsigned threads = row_threads<T>(args.logits.classes, bits16::kForwardUnroll, bits16::kMinThreads,
+                                              bits16::kMaxThreads);
+      bits16::forward_kernel<T><<<blocks, threads, 0, cuda::stream(device)>>>(args);
+    } else {
+      forward_kernel<T, acc_type<T>, vector_width<T>()>
+          <<<blocks, threads_for<T>(args.logits.classes), 0, cuda::stream(device)>>>(args);
     }
-    forward_kernel<T, acc_type<T>, vector_width<T>()>
-        <<<blocks_for(args.logits.rows), threads_for<T>(args.logits.classes), 0, cuda::stream(device)>>>(args);
   });
   cuda::check_launch("xentropy_forward");
 }
@@ -157,18 +126,14 @@ void backward(const Cuda& device, const BackwardArgs& args) {
         offset(args.logits.data) == offset(args.grad_logits) &&
         (args.logits.row_stride - args.logits.classes) * static_cast<int64_t>(sizeof(T)) % kVectorBytes == 0;
     const unsigned blocks = blocks_for(args.logits.rows), threads = threads_for<T>(args.logits.classes);
-    if constexpr (sizeof(T) == 2) {
-      if (variant() != Variant::kBase && same_alignment) {
-        const unsigned fast_threads = row_threads<T>(args.logits.classes, fast::kBackwardUnroll,
-                                                     fast::kBlockRowsMinThreads, fast::kBlockRowsMaxThreads);
-        fast::backward_block_rows<T><<<blocks, fast_threads, 0, cuda::stream(device)>>>(args);
-        return;
-      }
-    }
-    if (same_alignment) {
-      backward_kernel<T, acc_type<T>, kVec><<<blocks, threads, 0, cuda::stream(device)>>>(args);
-    } else {
+    if (!same_alignment) {  // any dtype: one element an access
       backward_kernel<T, acc_type<T>, 1><<<blocks, threads, 0, cuda::stream(device)>>>(args);
+    } else if constexpr (sizeof(T) == 2) {
+      const unsigned packed_threads = row_threads<T>(args.logits.classes, bits16::kBackwardUnroll,
+                                                     bits16::kMinThreads, bits16::kMaxThreads);
+      bits16::backward_kernel<T><<<blocks, packed_threads, 0, cuda::stream(device)>>>(args);
+    } else {
+      backward_kernel<T, acc_type<T>, kVec><<<blocks, threads, 0, cuda::stream(device)>>>(args);
     }
   });
   cuda::check_launch("xentropy_backward");

@@ -1,19 +1,30 @@
 #pragma once
-// xentropy kernels for 16-bit logits (APEX_XENTROPY_VARIANT=fast / warp), written to the H200's
-// instruction budget. At copy speed an H200 SM reads ~8 bf16 logits a clock and issues at most 128
-// thread-instructions a clock: ~16 per element for the read-once forward, ~32 for the backward (it
-// also writes). The block kernels of xentropy_cuda.cu (apex/row_softmax.cuh) issue ~15 and ~14 (SASS
-// of their unrolled loops): exp2f's range check (a compare and two predicated multiplies around
-// MUFU.EX2), a float max per element, 64-bit address arithmetic per load. Here, per element:
+// xentropy kernels for bfloat16 / float16 logits, written to the H200's instruction budget. At copy
+// speed an H200 SM reads ~8 bf16 logits a clock and issues at most 128 thread-instructions a clock:
+// ~16 per element for the read-once forward, ~32 for the backward (it also writes). The generic block
+// kernels of xentropy_cuda.cu (apex/row_softmax.cuh, still used for float32 / float64) issue ~15 and
+// ~14 per 16-bit element (SASS of their unrolled loops): exp2f's range check (a compare and two
+// predicated multiplies around MUFU.EX2), a float max per element, 64-bit address arithmetic per
+// load. Here, per element (~5.8 forward, ~5.4 backward):
 //   forward:  one unpack, one FFMA (log2(e) folded in), ex2.approx, two FADDs (sum of exps, sum of
 //             logits), half a packed 16-bit max;
 //   backward: one unpack, one FFMA, ex2.approx, one FFMA (g * p - uniform), half a packed convert.
 // ex2.approx.ftz is within ~2 ulp of float (apex/fast_exp2.cuh), far under the logits' 16-bit
-// rounding; float32 and float64 logits keep the block kernels and exp2f / exp2.
+// rounding; float32 and float64 logits keep the generic kernels and exp2f / exp2.
 //
-// A row is read by a group of `lanes` threads (a warp, or a block) in 16-byte packs of 8 logits:
-// pack p by the thread of rank p % lanes, the packs of a thread in batches of kUnroll loaded before
-// any is used. The group's misaligned head and tail (< 8 logits each) are read as scalars.
+// Measured on an H200 (bench_xentropy.py --impls apex, bf16, smoothing 0.1, copy ~4190 GB/s), fwd /
+// fwd+bwd as % of copy bandwidth, generic kernels -> these (> 100%: the forward reads a row once,
+// the byte count is the bench's):
+//   8192x128256   82.9 / 88.9  ->  104.3 / 95.9
+//   16384x32000   71.6 / 85.9  ->   98.9 / 96.1
+//   4096x256000   81.5 / 88.0  ->  103.6 / 95.1
+// A forward with a warp per row (no barrier, no block merge, the next row's label loaded early) was
+// measured beside it when rows fill the device: +0.4 to +0.9 points fwd+bwd but -1.4 to -2.6 fwd, so
+// one forward shape serves every row count.
+//
+// A row is read by a block's threads in 16-byte packs of 8 logits: pack p by the thread of rank
+// p % lanes, the packs of a thread in batches of kUnroll loaded before any is used. The row's
+// misaligned head and tail (< 8 logits each) are read as scalars.
 // Device code; xentropy_cuda.cu includes it after apex/cuda.cuh and apex/row_softmax.cuh.
 
 #include <cmath>
@@ -25,7 +36,7 @@
 #include "xentropy.h"
 #include "xentropy_math.h"
 
-namespace apex::xentropy::fast {
+namespace apex::xentropy::bits16 {
 
 using cuda::kLog2e;
 using cuda::kNegInf;
@@ -179,54 +190,19 @@ C10_DEVICE C10_ALWAYS_INLINE float label_logit_of(const T* x, int64_t label, Lab
   return writer && kind == Label::kValid ? static_cast<float>(x[label]) : 0.0f;
 }
 
-// --- forward, a warp per row -----------------------------------------------------------------
-// No barrier and no shared memory: a warp's rows are its own, and its merge is ten shuffles. The
-// next row's label is loaded while the current row is read.
-constexpr int kWarpRowsThreads = 128;
-constexpr int kWarpRowsBlocksPerSm = 8;  // 32 warps an SM: registers <= 64
-constexpr int kWarpRowsUnroll = 8;        // 4 KB a warp in flight, 128 KB an SM
+// --- forward --------------------------------------------------------------------------------
+// The block shape of xentropy_cuda.cu (64..256 threads by row length, a block per row) with the loop
+// above, 8 packs (128 bytes) a thread in flight. Warps merge by shuffles, then through shared memory
+// with one barrier a row: the scratch alternates between two halves by row, so a row's writes never
+// meet the previous row's reads.
+constexpr int kMaxThreads = 256;
+constexpr int kMinThreads = 64;
+constexpr int kMinBlocksPerSm = 4;  // registers <= 64
+constexpr int kForwardUnroll = 8;
 
 template <class T>
-__global__ void __launch_bounds__(kWarpRowsThreads, kWarpRowsBlocksPerSm) forward_warp_rows(ForwardArgs args) {
-  constexpr int kLanes = 32;
-  const T* logits = static_cast<const T*>(args.logits.data);
-  const int64_t rows = args.logits.rows, classes = args.logits.classes;
-  const int lane = threadIdx.x % kLanes;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * (kWarpRowsThreads / kLanes);
-  int64_t row = static_cast<int64_t>(blockIdx.x) * (kWarpRowsThreads / kLanes) + threadIdx.x / kLanes;
-  int64_t label = row < rows ? args.labels[row] : 0;
-  for (; row < rows; row += stride) {
-    const int64_t next_label = row + stride < rows ? args.labels[row + stride] : 0;
-    const Label kind = classify(label, args.ignore_index, classes);
-    if (kind == Label::kIgnored) {  // warp-uniform: the row is never read
-      if (lane == 0) {
-        static_cast<float*>(args.losses)[row] = 0.0f;
-        static_cast<float*>(args.max_log_sum_exp)[row] = 0.0f;
-      }
-    } else {
-      const T* x = logits + row * args.logits.row_stride;
-      const float label_logit = label_logit_of(x, label, kind, lane == 0);
-      Stats stats = Stats::empty();
-      read_row<T, kWarpRowsUnroll>(stats, x, classes, lane, kLanes);
-      stats = warp_merge(stats);
-      if (lane == 0) write_row(args, row, kind, label_logit, stats);
-    }
-    label = next_label;
-  }
-}
-
-// --- forward, a block per row ----------------------------------------------------------------
-// The block shape of xentropy_cuda.cu (1..256 threads by row length, a block per row) with the loop
-// above. Warps merge by shuffles, then through shared memory with one barrier a row: the scratch
-// alternates between two halves by row, so a row's writes never meet the previous row's reads.
-constexpr int kBlockRowsMaxThreads = 256;
-constexpr int kBlockRowsMinThreads = 64;
-constexpr int kBlockRowsBlocksPerSm = 4;
-constexpr int kBlockRowsUnroll = 8;
-
-template <class T>
-__global__ void __launch_bounds__(kBlockRowsMaxThreads, kBlockRowsBlocksPerSm) forward_block_rows(ForwardArgs args) {
-  constexpr int kMaxWarps = kBlockRowsMaxThreads / 32;
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) forward_kernel(ForwardArgs args) {
+  constexpr int kMaxWarps = kMaxThreads / 32;
   __shared__ Stats scratch[2][kMaxWarps];
   const T* logits = static_cast<const T*>(args.logits.data);
   const int64_t classes = args.logits.classes;
@@ -245,7 +221,7 @@ __global__ void __launch_bounds__(kBlockRowsMaxThreads, kBlockRowsBlocksPerSm) f
     const T* x = logits + row * args.logits.row_stride;
     const float label_logit = label_logit_of(x, label, kind, threadIdx.x == 0);
     Stats stats = Stats::empty();
-    read_row<T, kBlockRowsUnroll>(stats, x, classes, threadIdx.x, blockDim.x);
+    read_row<T, kForwardUnroll>(stats, x, classes, threadIdx.x, blockDim.x);
     stats = warp_merge(stats);
     if (threadIdx.x % 32 == 0) scratch[parity][warp] = stats;
     __syncthreads();
@@ -263,7 +239,7 @@ __global__ void __launch_bounds__(kBlockRowsMaxThreads, kBlockRowsBlocksPerSm) f
   }
 }
 
-// --- backward, a block per row ---------------------------------------------------------------
+// --- backward -------------------------------------------------------------------------------
 // out = g * exp(x - lse) - uniform for the whole row; the label's element is rewritten afterwards by
 // the thread that wrote it (split.owner(label): program order, no barrier).
 constexpr int kBackwardUnroll = 4;
@@ -291,7 +267,7 @@ C10_DEVICE C10_ALWAYS_INLINE void store_pack(uint4* p, uint4 v) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kBlockRowsMaxThreads, kBlockRowsBlocksPerSm) backward_block_rows(BackwardArgs args) {
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) backward_kernel(BackwardArgs args) {
   const T* logits = static_cast<const T*>(args.logits.data);
   const int64_t classes = args.logits.classes;
   const float* grad_loss = static_cast<const float*>(args.grad_loss);
@@ -353,4 +329,4 @@ __global__ void __launch_bounds__(kBlockRowsMaxThreads, kBlockRowsBlocksPerSm) b
   }
 }
 
-}  // namespace apex::xentropy::fast
+}  // namespace apex::xentropy::bits16
