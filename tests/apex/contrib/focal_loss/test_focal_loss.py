@@ -79,6 +79,51 @@ def test_alpha_gamma(device, alpha, gamma):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("classes,real", [(96, 91), (16, 16), (24, 17), (32, 8), (40, 33), (37, 30), (8, 0)])
+@pytest.mark.parametrize("labels", ["mixed", "background", "last_real"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_pack_boundaries(device, dtype, classes, real, labels, smoothing):
+    # 16-byte packs of classes (8 16-bit or 4 float32 logits): a padded last pack whose real part is
+    # 1..7 classes, rows with no padding, packs wholly past the real classes, class counts that are
+    # no multiple of a pack (element-wise kernels); rows with no positive class, and positives in
+    # the last real class (the padded pack), beside background and ignored rows. Rows past the
+    # kernels' blocks (each thread walks several groups of rows, the last one partial).
+    anchors = 1037
+    logits, targets, num_positives = make((anchors,), classes, dtype, device)
+    if labels == "background":
+        targets = torch.where(targets == -2, targets, torch.full_like(targets, -1))
+    elif labels == "last_real" and real > 0:
+        targets = torch.where(targets >= 0, torch.full_like(targets, real - 1), targets)
+    else:
+        targets = torch.where(targets >= max(real, 1), torch.full_like(targets, -1), targets)
+    check(logits, targets, num_positives, real, smoothing=smoothing)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gamma", [0.0, 1.0, 2.0, 2.5])
+def test_16_bit_gammas(device, dtype, gamma):
+    # gamma == 2 takes its own kernels (a square, not an exponential).
+    logits, targets, num_positives = make((300,), 96, dtype, device)
+    check(logits, targets, num_positives, 91, gamma=gamma, smoothing=0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_extreme_logits(device, dtype):
+    # Logits far below -20 and far above 20 for negative and positive classes alike (the 16-bit
+    # kernels may clamp very negative logits), and a NaN in a padding class, which must not leak.
+    big = 60.0 if dtype == torch.float16 else 300.0
+    values = torch.tensor([-big, -40.0, -21.0, -20.0, -19.5, -3.0, 0.0, 3.0, 19.5, 21.0, 40.0, big], dtype=torch.float64)
+    logits = values[torch.randint(0, len(values), (64, 16))].to(dtype).to(device)
+    logits[:, 12:] = float("nan")
+    targets = torch.randint(-2, 12, (64,)).to(device)
+    num_positives = (targets >= 0).sum().float().clamp(min=1).reshape(1)
+    check(logits, targets, num_positives, 12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_large_logits_stay_finite(device):
     logits = torch.tensor([[80.0, -80.0, 0.0, 30.0], [-100.0, 100.0, 5.0, -5.0]], device=device)
     targets = torch.tensor([0, -1], device=device)
