@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kMaxThreads) backward_kernel(Problem p, Tile t
   });
 }
 
-// ---- The lean kernels (APEX_FOCAL_VARIANT=lean): 16-bit logits in 16-byte packs, gamma == 2 ----
+// ---- The lean kernels (APEX_FOCAL_VARIANT=lean; lean_bwd: the backward only): 16-bit logits, gamma == 2 ----
 //
 // At 96 bf16 classes the kernels above issue ~24 SASS instructions an element forward and ~37
 // backward (their loops, cuobjdump), where an H200 at copy speed leaves ~16 forward (2 bytes an
@@ -596,14 +596,19 @@ bool vectorizable(const Problem& p, const void* out) {
   return p.classes % vector_width<T>() == 0 && is_aligned(p.logits) && (out == nullptr || is_aligned(out));
 }
 
-// APEX_FOCAL_VARIANT=lean (read once) sends 16-bit logits with gamma == 2 (and at most kMaxThreads
-// packs a row: one thread per pack) to the lean kernels.
-bool lean(const Problem& p) {
-  static const bool chosen = [] {
+enum class Pass { kForward, kBackward };
+
+// APEX_FOCAL_VARIANT (read once): `lean` sends 16-bit logits with gamma == 2 (and at most
+// kMaxThreads packs a row: one thread per pack) to both lean kernels, `lean_bwd` to the lean
+// backward only (the forward stays on the default kernel).
+bool lean(const Problem& p, Pass pass) {
+  static const int chosen = [] {  // bit 0: lean forward, bit 1: lean backward
     const char* variant = std::getenv("APEX_FOCAL_VARIANT");
-    return variant != nullptr && std::strcmp(variant, "lean") == 0;
+    if (variant == nullptr) return 0;
+    return std::strcmp(variant, "lean") == 0 ? 3 : std::strcmp(variant, "lean_bwd") == 0 ? 2 : 0;
   }();
-  return chosen && p.gamma == 2.0 && p.classes <= static_cast<int64_t>(kMaxThreads) * kLeanVec;
+  const int bit = pass == Pass::kForward ? 1 : 2;
+  return (chosen & bit) != 0 && p.gamma == 2.0 && p.classes <= static_cast<int64_t>(kMaxThreads) * kLeanVec;
 }
 
 template <class T>
@@ -621,7 +626,7 @@ ForwardLaunch<T> forward_launch_with(const Problem& p, const Cuda& device) {
   const ForwardTile tile = forward_tile_for(full_packs<kVec>(p), real_packs<kVec>(p) > full_packs<kVec>(p));
   const int threads = cuda::whole_warps(tile.cols * tile.rows + tile.ends);
   if constexpr (kVec == kLeanVec && sizeof(T) == 2) {
-    if (lean(p)) {
+    if (lean(p, Pass::kForward)) {
       const ForwardKernel<T> kernel = lean_forward_kernel<T>;
       return {kernel, tile, blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device, kLeanRows),
               static_cast<unsigned>(threads)};
@@ -645,7 +650,7 @@ void launch_backward(const Problem& p, const acc_type<T>* grad_loss, T* grad, co
   const Tile tile = cuda::block_tile(p.classes / kVec, kMaxThreads);
   const int threads = cuda::whole_warps(tile.cols * tile.rows);
   if constexpr (kVec == kLeanVec && sizeof(T) == 2) {
-    if (lean(p)) {
+    if (lean(p, Pass::kBackward)) {
       const auto kernel = lean_backward_kernel<T>;
       const unsigned blocks =
           blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device, kLeanRows);

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Focal loss A/B (gpu_ab/focal/README.md): GPU tests under each APEX_FOCAL_VARIANT, memcheck of the
-# lean kernels, then bench_focal_loss.py --impls apex for default, lean, default (one process each).
+# lean kernels, then bench_focal_loss.py --impls apex --dtypes bf16 for default, lean, lean_bwd, default
+# (one process each).
 # Usage (repo root): gpu_ab/focal/gpu_check.sh LOGDIR. Estimate: build ~1 min, tests + memcheck ~1 min
 # (in parallel), bench ~30 s: under 3 minutes.
 set -u
@@ -8,7 +9,9 @@ LOG=${1:?usage: gpu_check.sh LOGDIR}
 mkdir -p "$LOG"
 export PYTHONPATH=$PWD:$PWD/compatibility APEX_CACHE_DIR=/tmp/cache_ab TORCH_CUDA_ARCH_LIST=9.0
 TESTS=tests/apex/contrib/focal_loss/test_focal_loss.py
-VARIANTS="lean"
+VARIANTS="lean lean_bwd"
+# lean runs both lean kernels, lean_bwd only the backward one: memcheck of lean covers both.
+MEMCHECK="lean"
 
 start=$(date +%s)
 # Build once (the variants are one library, chosen at run time).
@@ -28,23 +31,25 @@ for v in $VARIANTS; do
     -k "not opcheck and not compiles_with_fullgraph" > "$LOG/tests_$v.log" 2>&1 & pids+=($!)
 done
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-for v in $VARIANTS; do
+for v in $MEMCHECK; do
   APEX_FOCAL_VARIANT=$v "$SAN" --tool memcheck --error-exitcode 9 python3 gpu_ab/focal/memcheck_case.py \
     > "$LOG/memcheck_$v.log" 2>&1 & pids+=($!)
 done
 fail=0
 for p in "${pids[@]}"; do wait "$p" || fail=1; done
 for f in "$LOG"/tests_*.log; do echo "$(basename "$f"): $(tail -1 "$f")"; done
-for v in $VARIANTS; do echo "memcheck $v: $(grep -E 'ERROR SUMMARY|memcheck case done' "$LOG/memcheck_$v.log" | tr '\n' ' ')"; done
+for v in $MEMCHECK; do echo "memcheck $v: $(grep -E 'ERROR SUMMARY|memcheck case done' "$LOG/memcheck_$v.log" | tr '\n' ' ')"; done
 echo "tests + memcheck: $(( $(date +%s) - start )) s"
 [ $fail = 0 ] || echo "SOME TESTS OR MEMCHECK FAILED (benching anyway)"
 
-# Bench: one process a variant, the default first and last so drift shows.
+# Bench: one process a variant
+# (bf16: fp32 takes the same kernels under every variant), the default first and last so drift shows.
 i=0
 for v in default $VARIANTS default; do
   i=$((i + 1))
   echo "== $v" | tee "$LOG/bench_${i}_$v.log"
-  APEX_FOCAL_VARIANT=$v python3 benchmarks/contrib/bench_focal_loss.py --impls apex >> "$LOG/bench_${i}_$v.log" 2>&1
+  APEX_FOCAL_VARIANT=$v python3 benchmarks/contrib/bench_focal_loss.py --impls apex --dtypes bf16 \
+    >> "$LOG/bench_${i}_$v.log" 2>&1
   cat "$LOG/bench_${i}_$v.log"
 done
 echo "total: $(( $(date +%s) - start )) s"
