@@ -5,9 +5,11 @@ Bytes that must move: forward reads the logits and labels once; forward+backward
 and writes the logits' gradient (3x logits, 2x labels). Timing: CUDA-graph replays of 10
 back-to-back calls (device time). Target (issue 16): >= 85 % of copy bandwidth.
 
-    python benchmarks/contrib/bench_focal_loss.py
+    python benchmarks/contrib/bench_focal_loss.py [--impls apex torch torch.compile] [--dtypes bf16 fp32]
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -36,13 +38,21 @@ def apex_focal_loss(logits, labels, num_positives):
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--impls", nargs="+", default=["apex", "torch", "torch.compile"],
+                        choices=["apex", "torch", "torch.compile"])
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    args = parser.parse_args()
     require_gpu(__file__)
     table = new_table(f"focal loss, {ANCHORS} anchors x {CLASSES} classes")
-    for name, dtype in DTYPES.items():
+    for name in args.dtypes:
+        dtype = DTYPES[name]
         logits = torch.randn(ANCHORS, CLASSES, device="cuda", dtype=dtype, requires_grad=True)
         labels = torch.randint(-2, REAL_CLASSES, (ANCHORS,), device="cuda")
         num_positives = (labels >= 0).sum().float().reshape(1)
-        impls = {"apex": apex_focal_loss, "torch": torch_focal_loss, "torch.compile": compiled(torch_focal_loss)}
+        makers = {"apex": lambda: apex_focal_loss, "torch": lambda: torch_focal_loss,
+                  "torch.compile": lambda: compiled(torch_focal_loss)}
+        impls = {impl: makers[impl]() for impl in args.impls}
         size = logits.numel() * logits.element_size() + labels.numel() * labels.element_size()
         compare(table, name, impls, (logits, labels, num_positives), size,
                 3 * logits.numel() * logits.element_size() + 2 * labels.numel() * labels.element_size())

@@ -35,14 +35,15 @@ def make(shape, classes, dtype, device):
     return logits, targets, num_positives
 
 
-def check(logits, targets, num_positives, real_classes, alpha=0.25, gamma=2.0, smoothing=0.0):
+def check(logits, targets, num_positives, real_classes, alpha=0.25, gamma=2.0, smoothing=0.0, loss_atol=None):
     dtype = logits.dtype
+    loss_atol = LOSS_TOL[dtype] if loss_atol is None else loss_atol
     x = logits.detach().requires_grad_()
     loss = focal_loss.focal_loss(x, targets, num_positives, real_classes, alpha, gamma, smoothing)
     assert loss.dim() == 0 and loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     expected_x = logits.detach().double().requires_grad_()
     expected = reference(expected_x, targets, num_positives, real_classes, alpha, gamma, smoothing)
-    torch.testing.assert_close(loss.double(), expected.detach(), rtol=LOSS_TOL[dtype], atol=LOSS_TOL[dtype])
+    torch.testing.assert_close(loss.double(), expected.detach(), rtol=LOSS_TOL[dtype], atol=loss_atol)
     grad = torch.rand((), dtype=torch.float64) + 0.5
     loss.backward(grad.to(loss))
     expected.backward(grad)
@@ -76,6 +77,74 @@ def test_many_rows_and_classes(device, dtype, anchors, classes, real):
 def test_alpha_gamma(device, alpha, gamma):
     logits, targets, num_positives = make((64,), 16, torch.float32, device)
     check(logits, targets, num_positives, 16, alpha=alpha, gamma=gamma)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("classes,real", [(96, 91), (16, 16), (24, 17), (32, 8), (40, 33), (37, 30), (8, 0)])
+@pytest.mark.parametrize("labels", ["mixed", "background", "last_real"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_pack_boundaries(device, dtype, classes, real, labels, smoothing):
+    # 16-byte packs of classes (8 16-bit or 4 float32 logits): a padded last pack whose real part is
+    # 1..7 classes, rows with no padding, packs wholly past the real classes, class counts that are
+    # no multiple of a pack (element-wise kernels); rows with no positive class, and positives in
+    # the last real class (the padded pack), beside background and ignored rows. Rows past the
+    # kernels' blocks (each thread walks several groups of rows, the last one partial).
+    anchors = 1037
+    logits, targets, num_positives = make((anchors,), classes, dtype, device)
+    if labels == "background":
+        targets = torch.where(targets == -2, targets, torch.full_like(targets, -1))
+    elif labels == "last_real" and real > 0:
+        targets = torch.where(targets >= 0, torch.full_like(targets, real - 1), targets)
+    else:
+        targets = torch.where(targets >= max(real, 1), torch.full_like(targets, -1), targets)
+    check(logits, targets, num_positives, real, smoothing=smoothing)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gamma", [0.0, 1.0, 2.0, 2.5])
+def test_16_bit_gammas(device, dtype, gamma):
+    # gamma == 2 takes its own kernels (a square, not an exponential).
+    logits, targets, num_positives = make((300,), 96, dtype, device)
+    check(logits, targets, num_positives, 91, gamma=gamma, smoothing=0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_extreme_logits(device, dtype):
+    # Logits far below -20 and far above 20 for negative and positive classes alike (the 16-bit
+    # kernels may clamp very negative logits), and a NaN in a padding class, which must not leak.
+    big = 60.0 if dtype == torch.float16 else 300.0
+    values = torch.tensor([-big, -40.0, -21.0, -20.0, -19.5, -3.0, 0.0, 3.0, 19.5, 21.0, 40.0, big], dtype=torch.float64)
+    logits = values[torch.randint(0, len(values), (64, 16))].to(dtype).to(device)
+    logits[:, 12:] = float("nan")
+    targets = torch.randint(-2, 12, (64,)).to(device)
+    num_positives = (targets >= 0).sum().float().clamp(min=1).reshape(1)
+    check(logits, targets, num_positives, 12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ["uniform", "detector"])
+def test_16_bit_loss_of_small_negatives(dtype, case):
+    # A loss made almost wholly of negative classes with logits in [-10, -3] ("uniform": no positive
+    # anchor) or [-8, -4] ("detector": a well-trained detector's background, 1% positive anchors with
+    # logits in [0, 4]). There softplus(x) ~ exp(x) is small beside |x|, which a kernel computing it
+    # as log(1 + exp(-x)) + x must get by cancellation. The loss is held to its tolerance relative
+    # only (the detector's, ~7e-3, would pass the absolute one with any error). CUDA only: the CPU
+    # kernel adds a chunk's 10^5-10^6 terms one by one in float (2.9e-5 off here), the CUDA kernels
+    # in short runs and trees.
+    anchors, classes, real = 16384, 96, 91
+    low, high = (-10.0, -3.0) if case == "uniform" else (-8.0, -4.0)
+    logits = torch.empty(anchors, classes, dtype=torch.float64).uniform_(low, high)
+    targets = torch.where(torch.rand(anchors) < 0.05, -2, -1)
+    if case == "detector":
+        positive = torch.randperm(anchors)[: anchors // 100]
+        targets[positive] = torch.randint(0, real, (len(positive),))
+        logits[positive, targets[positive]] = 4 * torch.rand(len(positive), dtype=torch.float64)
+    num_positives = (targets >= 0).sum().float().clamp(min=1).reshape(1)
+    check(logits.to(dtype).cuda(), targets.cuda(), num_positives.cuda(), real, loss_atol=0.0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
