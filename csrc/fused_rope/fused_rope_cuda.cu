@@ -24,7 +24,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "apex/cuda.cuh"
@@ -238,12 +240,75 @@ C10_DEVICE C10_ALWAYS_INLINE void set_pair(Coefficients& k, int p, float ca, flo
   k.set(p, ca, backward ? sb : -sa, cb, backward ? -sa : sb);
 }
 
+// ---- cheap trig for 16-bit data (APEX_ROPE_VARIANT=flat and fasttrig) -------------------------------
+//
+// sincosf costs ~40 instructions an angle on its fast path (a three-constant reduction by pi / 2 and
+// two polynomials) and inlines a Payne-Hanek slow path for |x| > 1e5 (the kernels' 32-byte stack
+// frame). For 16-bit data a cos/sin within ~1e-6 of the true value is as good: the composite itself
+// rounds cos/sin to the data's dtype (a relative 2^-9 or 2^-12) before multiplying. fast_sincos:
+// x - k 2 pi by Cody-Waite with two constants, then the special-function unit's sin and cos
+// (__sincosf: one multiply by 1 / (2 pi), MUFU.SIN, MUFU.COS; absolute error < 2^-21.19 on
+// [-pi, pi]), ~7 instructions. Why the reduction is accurate for |x| <= kFastTrigLimit:
+//  - k = rint(x / (2 pi)) <= 3.4e5, off by at most one near a half turn, so |x - k 2 pi| < 3.5;
+//  - fma(-k, kTwoPiHigh, x) is exact: for k != 0, |x| >= pi, so x and k kTwoPiHigh are multiples of
+//    2^-22, and so is their difference, of magnitude < 3.5 + k |2 pi - kTwoPiHigh| < 4 (24 bits);
+//  - the second fma rounds once (< 2.4e-7); the constants' remaining error, k 7.1e-15, is < 3e-9.
+// So |cos, sin error| < 7e-7. Larger angles (positions past ~2e6 at the fastest frequency) take
+// sincosf, a branch per unit that warps at such positions take together.
+constexpr float kFastTrigLimit = 2097152.0f;  // 2^21 radians
+constexpr float kTurnsPerRadian = 0.159154943f;
+constexpr float kTwoPiHigh = 6.28318548f;       // float(2 pi)
+constexpr float kTwoPiLow = -1.74845553e-7f;    // float(2 pi - kTwoPiHigh)
+
+C10_DEVICE C10_ALWAYS_INLINE void fast_sincos(float x, float& s, float& c) {
+  const float k = rintf(x * kTurnsPerRadian);
+  const float r = fmaf(-k, kTwoPiLow, fmaf(-k, kTwoPiHigh, x));
+  __sincosf(r, &s, &c);
+}
+
+// Whether every angle of the unit is within fast_sincos's range (NaN is not: sincosf gives it NaN).
+template <int kVec>
+C10_DEVICE C10_ALWAYS_INLINE bool fast_trig_fits(const float (&a)[kVec], const float (&b)[kVec]) {
+  bool fits = true;
+#pragma unroll
+  for (int p = 0; p < kVec; ++p) fits &= fabsf(a[p]) <= kFastTrigLimit && fabsf(b[p]) <= kFastTrigLimit;
+  return fits;
+}
+
+// The unit's coefficients from its angles by fast_sincos: one per pair when every pair's two angles
+// are the same bits (the usual tables; one test for the unit, not a branch per pair), else one per angle.
+template <class T, int kVec, class Coefficients>
+C10_DEVICE C10_ALWAYS_INLINE void fast_angle_coefficients(const float (&a)[kVec], const float (&b)[kVec], bool backward,
+                                                          Coefficients& k) {
+  bool same = true;
+#pragma unroll
+  for (int p = 0; p < kVec; ++p) same &= __float_as_uint(a[p]) == __float_as_uint(b[p]);
+  if (same) {
+#pragma unroll
+    for (int p = 0; p < kVec; ++p) {
+      float s, c;
+      fast_sincos(a[p], s, c);
+      c = round_to<T>(c), s = round_to<T>(s);
+      set_pair(k, p, c, s, c, s, backward);
+    }
+  } else {
+#pragma unroll
+    for (int p = 0; p < kVec; ++p) {
+      float sa, ca, sb, cb;
+      fast_sincos(a[p], sa, ca);
+      fast_sincos(b[p], sb, cb);
+      set_pair(k, p, round_to<T>(ca), round_to<T>(sa), round_to<T>(cb), round_to<T>(sb), backward);
+    }
+  }
+}
+
 // The unit's coefficients: the kVec pairs' cos and sin (rounded to T, as cos_sin in rope_math.h) at
 // row `pos` of the section's table, from column col_a (role a; half-split: col_b for role b,
 // interleaved: 2 * kVec adjacent columns, a at the even ones). Angle tables take one sincosf per
 // angle, and one per pair whose two angles are the same bits (equal inputs give equal outputs, so
 // only the work changes: the usual tables, cat(f, f) and repeat_interleave(f, 2), are all such pairs).
-template <class T, int kVec, bool kInterleaved>
+// kFastTrig (16-bit data): fast_sincos where the unit's angles allow it.
+template <class T, int kVec, bool kInterleaved, bool kFastTrig>
 C10_DEVICE C10_ALWAYS_INLINE void unit_coefficients(const Table& t, bool vectors, int64_t pos, int col_a, int col_b,
                                                     bool backward, Coefficients<T, kVec, kInterleaved>& k) {
   const bool f32 = t.dtype == Dtype::kFloat32;
@@ -263,6 +328,12 @@ C10_DEVICE C10_ALWAYS_INLINE void unit_coefficients(const Table& t, bool vectors
   read(t.cos, first_a, first_b);
   const bool cached = t.sin != nullptr;
   if (cached) read(t.sin, sin_a, sin_b);
+  if constexpr (kFastTrig) {
+    if (!cached && fast_trig_fits(first_a, first_b)) {
+      fast_angle_coefficients<T>(first_a, first_b, backward, k);
+      return;
+    }
+  }
 #pragma unroll
   for (int p = 0; p < kVec; ++p) {
     float ca, sa, cb, sb;
@@ -313,12 +384,17 @@ C10_DEVICE C10_ALWAYS_INLINE void store(T* out, int e, const Raw<T, kVec>& v) {
   if constexpr (kVec == 1) {
     out[e] = v.value[0];
   } else {
-    static_assert(sizeof(v) == kVectorBytes);
+    static_assert(sizeof(v) == kVectorBytes || sizeof(v) == 8);  // (8: the flat8 variant's half vectors)
 #if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
-    uint32_t w[4];
+    uint32_t w[sizeof(v) / 4];
     memcpy(w, &v, sizeof(w));
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + e), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                 : "memory");
+    if constexpr (sizeof(v) == 8) {
+      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(out + e), "r"(w[0]), "r"(w[1]) : "memory");
+    } else {
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + e), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                   "r"(w[3])
+                   : "memory");
+    }
 #else
     *reinterpret_cast<Raw<T, kVec>*>(out + e) = v;
 #endif
@@ -339,8 +415,8 @@ C10_DEVICE C10_ALWAYS_INLINE Table table_of(const RopeArgs& a, int s) { return s
 
 // Where token (i0, i1) sits in the tables: rope_math.h's token_positions, with the 2-D image's
 // division in 32 bits where it fits.
-C10_DEVICE C10_ALWAYS_INLINE TokenPositions positions_of(const RopeArgs& a, const Plan& plan, int64_t i0, int64_t i1) {
-  if (a.positions == Positions::kImage && plan.tokens32) {
+C10_DEVICE C10_ALWAYS_INLINE TokenPositions positions_of(const RopeArgs& a, bool tokens32, int64_t i0, int64_t i1) {
+  if (a.positions == Positions::kImage && tokens32) {
     const uint32_t i = static_cast<uint32_t>(i1), w = static_cast<uint32_t>(a.image_width);
     const uint32_t y = i / w;
     return {{y, i - y * w}, true};
@@ -351,7 +427,7 @@ C10_DEVICE C10_ALWAYS_INLINE TokenPositions positions_of(const RopeArgs& a, cons
 // ---- the kernel -----------------------------------------------------------------------------------
 
 // One unit of one token, for heads [h_begin, h_end).
-template <class T, int kVec, bool kInterleaved>
+template <class T, int kVec, bool kInterleaved, bool kFastTrig>
 C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan, const Unit& u,
                                             const TokenPositions& where, const T* x_token, T* out_token,
                                             int h_begin, int h_end) {
@@ -390,8 +466,9 @@ C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan,
     const int64_t pos = u.section == 0 ? where.pos[0] : where.pos[1];
     CUDA_KERNEL_ASSERT(pos >= 0 && pos < table.rows && "RoPE position outside the table");
     const int base = u.section * plan.map.width;  // the unit's columns in its section's table
-    unit_coefficients<T, kVec, kInterleaved>(table, u.section == 0 ? plan.table_vectors[0] : plan.table_vectors[1],
-                                             pos, u.ea - base, u.eb - base, a.backward, coefficients);
+    unit_coefficients<T, kVec, kInterleaved, kFastTrig>(
+        table, u.section == 0 ? plan.table_vectors[0] : plan.table_vectors[1], pos, u.ea - base, u.eb - base,
+        a.backward, coefficients);
   } else {  // no position: the identity rotation (an exact copy); copied units: unused
     identity_coefficients<kVec>(a.backward, coefficients);
   }
@@ -402,7 +479,7 @@ C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan,
   }
 }
 
-template <class T, int kVec>
+template <class T, int kVec, bool kFastTrig>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(const RopeArgs a, const Plan plan) {
   // A programmatic dependent launch (launch_rope): this grid may start while the stream's previous
   // kernel finishes, so it waits for that kernel before touching memory, and lets the next kernel's
@@ -423,21 +500,74 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(cons
   const int64_t step0 = step / a.outer1, step1 = step - step0 * a.outer1;
 
   for (; token < tokens; token += step) {
-    const TokenPositions where = positions_of(a, plan, i0, i1);
+    const TokenPositions where = positions_of(a, plan.tokens32, i0, i1);
     const T* x_token = static_cast<const T*>(a.x) + i0 * a.x_stride0 + i1 * a.x_stride1 + h_begin * a.x_stride_h;
     T* out_token = static_cast<T*>(a.out) + i0 * a.out_stride0 + i1 * a.out_stride1 + h_begin * a.out_stride_h;
     for (int k = threadIdx.x; k < map.units; k += blockDim.x) {
       const Unit u = unit_at(map, k);
       if (kVec > 1 && map.interleaved) {  // (kVec == 1: interleaved pairs are the half-split unit's)
-        rope_unit<T, kVec, true>(a, plan, u, where, x_token, out_token, h_begin, h_end);
+        rope_unit<T, kVec, true, kFastTrig>(a, plan, u, where, x_token, out_token, h_begin, h_end);
       } else {
-        rope_unit<T, kVec, false>(a, plan, u, where, x_token, out_token, h_begin, h_end);
+        rope_unit<T, kVec, false, kFastTrig>(a, plan, u, where, x_token, out_token, h_begin, h_end);
       }
     }
     i0 += step0;
     i1 += step1;
     if (i1 >= a.outer1) i1 -= a.outer1, ++i0;
   }
+}
+
+// ---- the flat kernel (APEX_ROPE_VARIANT=flat; 16-bit data on the vector path) -----------------------
+//
+// A thread per (token, head, unit): two 16-byte vectors in, their cos/sin computed again for every
+// head (fast_sincos: ~10 instructions an angle, ~15 a 16-bit element all told against the ~32 an H200
+// SM can issue per element at copy speed), two vectors out. Nothing is kept across heads, so a thread
+// needs few registers, an SM holds many warps, and the bytes in flight come from warps, not from a
+// thread's loop (the kernel above: 125 registers, 25% occupancy, latency-bound). Copied units take two
+// vectors (or one, at the end of the head), so that no lane of a partial-rotary warp moves half the
+// bytes of its neighbours.
+constexpr int kFlatThreads = 256;
+
+struct FlatPlan {
+  UnitMap map;                  // copy_vectors 2
+  FastDivmod per_token;         // heads * units: item -> (token, item in token)
+  FastDivmod per_head;          // units: item in token -> (head, unit)
+  FastDivmod outer1;            // token -> (i0, i1)
+  uint32_t items;               // tokens * heads * units < 2^31
+  bool table_vectors[2];
+};
+
+// kVec: 16-byte vectors (flat), or 8-byte ones (flat8: half the registers a thread, twice the threads).
+template <class T, int kVec, bool kInterleaved>
+__global__ void __launch_bounds__(kFlatThreads) rope_flat_kernel(const RopeArgs a, const FlatPlan plan) {
+  cuda::wait_for_prerequisite_grid();
+  cuda::allow_dependent_launch();  // (as rope_kernel)
+  const uint32_t item = blockIdx.x * kFlatThreads + threadIdx.x;
+  if (item >= plan.items) return;
+  uint32_t token, in_token, head, unit, i0, i1;
+  plan.per_token.divmod(item, token, in_token);
+  plan.per_head.divmod(in_token, head, unit);
+  plan.outer1.divmod(token, i0, i1);
+  const Unit u = unit_at<2>(plan.map, static_cast<int>(unit));
+  const T* x = static_cast<const T*>(a.x) + i0 * a.x_stride0 + i1 * a.x_stride1 + head * a.x_stride_h;
+  T* out = static_cast<T*>(a.out) + i0 * a.out_stride0 + i1 * a.out_stride1 + head * a.out_stride_h;
+  Raw<T, kVec> va = load<T, kVec>(x, u.ea, 1), vb = load<T, kVec>(x, u.eb, 1);  // (one vector twice: merged)
+  if (u.rotated) {
+    const TokenPositions where = positions_of(a, /*tokens32=*/true, i0, i1);
+    if (where.valid) {  // else no position: copied unchanged
+      const Table table = table_of(a, u.section);
+      const int64_t pos = u.section == 0 ? where.pos[0] : where.pos[1];
+      CUDA_KERNEL_ASSERT(pos >= 0 && pos < table.rows && "RoPE position outside the table");
+      const int base = u.section * plan.map.width;
+      Coefficients<T, kVec, kInterleaved> coefficients;
+      unit_coefficients<T, kVec, kInterleaved, /*kFastTrig=*/true>(
+          table, u.section == 0 ? plan.table_vectors[0] : plan.table_vectors[1], pos, u.ea - base, u.eb - base,
+          a.backward, coefficients);
+      coefficients.rotate(va, vb);
+    }
+  }
+  store<T, kVec>(out, u.ea, va);
+  if (u.eb != u.ea) store<T, kVec>(out, u.eb, vb);
 }
 
 // Whether every access of the kVec-wide path is a whole aligned 16-byte vector.
@@ -458,7 +588,7 @@ bool table_vectors(const Table& t, size_t element_size) {
   return rows && is_aligned(t.cos) && (t.sin == nullptr || is_aligned(t.sin));
 }
 
-template <class T, int kVec>
+template <class T, int kVec, bool kFastTrig>
 void launch_rope(const RopeArgs& a, const Cuda& device) {
   const int64_t tokens = a.outer0 * a.outer1;
   Plan plan{};
@@ -466,12 +596,55 @@ void launch_rope(const RopeArgs& a, const Cuda& device) {
   plan.tokens32 = a.outer1 <= UINT32_MAX && (a.positions != Positions::kImage || a.image_width <= UINT32_MAX);
   for (int s = 0; s < a.sections; ++s) plan.table_vectors[s] = table_vectors(a.tables[s], sizeof(T));
   LaunchPlan launch = block_shape(tokens, plan.map);
-  const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(rope_kernel<T, kVec>),
+  const auto kernel = rope_kernel<T, kVec, kFastTrig>;
+  const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel),
                                                   launch.cols * launch.rows, 0, device.device);
   grid_shape(tokens, a.heads, static_cast<int64_t>(cuda::device_limits(device.device).sms) * per_sm, launch);
   plan.heads_per_group = launch.heads_per_group;
-  cuda::launch_dependent(device, rope_kernel<T, kVec>, dim3(launch.blocks, launch.groups), dim3(launch.cols, launch.rows),
-                         0, cuda::stream(device), a, plan);
+  cuda::launch_dependent(device, kernel, dim3(launch.blocks, launch.groups), dim3(launch.cols, launch.rows), 0,
+                         cuda::stream(device), a, plan);
+}
+
+// Whether the flat kernel's 32-bit item index covers the tensor.
+bool flat_fits(const RopeArgs& a, const UnitMap& map) {
+  const int64_t tokens = a.outer0 * a.outer1;
+  return tokens < INT_MAX && a.heads * map.units <= INT_MAX / tokens;
+}
+
+template <class T, int kVec>
+bool launch_flat(const RopeArgs& a, const Cuda& device) {
+  FlatPlan plan{};
+  plan.map = unit_map(kVec, a.dim, a.width, a.sections, a.interleaved, /*copy_vectors=*/2);
+  if (!flat_fits(a, plan.map)) return false;
+  const int64_t per_token = a.heads * plan.map.units;
+  plan.per_token = fast_divmod(static_cast<uint32_t>(per_token));
+  plan.per_head = fast_divmod(static_cast<uint32_t>(plan.map.units));
+  plan.outer1 = fast_divmod(static_cast<uint32_t>(a.outer1));
+  plan.items = static_cast<uint32_t>(a.outer0 * a.outer1 * per_token);
+  for (int s = 0; s < a.sections; ++s) plan.table_vectors[s] = table_vectors(a.tables[s], sizeof(T));
+  const auto kernel = plan.map.interleaved ? rope_flat_kernel<T, kVec, true> : rope_flat_kernel<T, kVec, false>;
+  cuda::launch_dependent(device, kernel, dim3((plan.items + kFlatThreads - 1) / kFlatThreads), dim3(kFlatThreads), 0,
+                         cuda::stream(device), a, plan);
+  return true;
+}
+
+// The A/B switch APEX_ROPE_VARIANT, read once: unset or "default" (rope_kernel with sincosf),
+// "flat" / "flat8" (16-bit data on the vector path: rope_flat_kernel on 16- / 8-byte vectors; the
+// rest as default), "fasttrig" (16-bit data on the vector path: rope_kernel with fast_sincos; the
+// rest as default).
+enum class Variant { kDefault, kFlat, kFlat8, kFastTrig };
+
+Variant variant() {
+  static const Variant chosen = [] {
+    const char* name = std::getenv("APEX_ROPE_VARIANT");
+    if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "default") == 0) return Variant::kDefault;
+    if (std::strcmp(name, "flat") == 0) return Variant::kFlat;
+    if (std::strcmp(name, "flat8") == 0) return Variant::kFlat8;
+    if (std::strcmp(name, "fasttrig") == 0) return Variant::kFastTrig;
+    throw std::invalid_argument(std::string("fused_rope: APEX_ROPE_VARIANT must be default, flat, flat8 or fasttrig, got ") +
+                                name);
+  }();
+  return chosen;
 }
 
 }  // namespace
@@ -489,11 +662,20 @@ void rope(const Cuda& device, const RopeArgs& args) {
   dispatch_floating<false>(args.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kVec = vector_width<T>();
-    if (vector_path<kVec>(args)) {
-      launch_rope<T, kVec>(args, device);
-    } else {
-      launch_rope<T, 1>(args, device);
+    if (!vector_path<kVec>(args)) {
+      launch_rope<T, 1, false>(args, device);
+      return;
     }
+    if constexpr (sizeof(T) == 2) {
+      const Variant v = variant();
+      if (v == Variant::kFlat && launch_flat<T, kVec>(args, device)) return;
+      if (v == Variant::kFlat8 && launch_flat<T, kVec / 2>(args, device)) return;
+      if (v == Variant::kFastTrig) {
+        launch_rope<T, kVec, true>(args, device);
+        return;
+      }
+    }
+    launch_rope<T, kVec, false>(args, device);
   });
   cuda::check_launch("fused_rope");
 }
