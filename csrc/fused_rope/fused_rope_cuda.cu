@@ -11,9 +11,9 @@
 //  - one sincosf per angle instead of cosf + sinf (one range reduction instead of two), and one per
 //    pair whose two dims have the same angle bits (the usual cat(f, f) and repeat_interleave(f, 2)
 //    tables). sincosf gives the bits of cosf and sinf (same reduction and polynomials in the PTX),
-//    so results are unchanged. A cheaper reduction (Cody-Waite by 2 pi, then __sincosf) would be
-//    off by up to ~5e-7: at the tests' 16-bit tolerances (1e-3 for half) such a change of cos flips
-//    its rounding to half for ~1e-3 of the table and can fail outputs that cancel, so it is not used;
+//    so results are unchanged. (APEX_ROPE_VARIANT, an A/B switch, see variant(): fasttrig and flat
+//    take fast_sincos for 16-bit data instead, within 7e-7; the 16-bit tests check against the exact
+//    rotation with an elementwise bound, since such a cos can round to the neighbour of torch's);
 //  - per-token index work is additions: (i0, i1) advances by a precomputed quotient and remainder,
 //    units and dims are 32-bit ints, no division per element (64-bit offsets for the pointers only,
 //    so >2^31-element tensors still work);
