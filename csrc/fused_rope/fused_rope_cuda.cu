@@ -8,12 +8,22 @@
 // warp of a block waited for it):
 //  - trig work per token is unchanged (each rotated dim's sincos once, not once per head), but it
 //    overlaps the token's first loads and no warp waits for another;
-//  - one sincosf per angle instead of cosf + sinf (one range reduction instead of two), and one per
-//    pair whose two dims have the same angle bits (the usual cat(f, f) and repeat_interleave(f, 2)
-//    tables). sincosf gives the bits of cosf and sinf (same reduction and polynomials in the PTX),
-//    so results are unchanged. (APEX_ROPE_VARIANT, an A/B switch, see variant(): fasttrig and flat
-//    take fast_sincos for 16-bit data instead, within 7e-7; the 16-bit tests check against the exact
-//    rotation with an elementwise bound, since such a cos can round to the neighbour of torch's);
+//  - one sincosf per angle instead of cosf + sinf (one range reduction instead of two; sincosf gives
+//    the bits of cosf and sinf, same reduction and polynomials in the PTX), and one per pair whose two
+//    dims have the same angle bits (the usual cat(f, f) and repeat_interleave(f, 2) tables);
+//  - 16-bit data on the vector path takes cheap trig (fast_sincos: Cody-Waite by 2 pi, then the
+//    special-function unit's __sincosf, ~7 instructions an angle against sincosf's ~40 and its inlined
+//    Payne-Hanek path), within 7e-7 of the true cos/sin up to 2^21 radians, sincosf past that. The
+//    composite rounds cos/sin to the 16-bit dtype anyway, so such a cos/sin can at most round to the
+//    neighbour of torch's: one 16-bit ulp of a coefficient (bench max rel diff vs the composite, bf16:
+//    0 -> 2.9-5.3e-3), which the 16-bit tests bound against the exact float64 rotation (bound_of),
+//    not against the composite. Measured on an H200 (bench_rope.py bf16, % of copy bandwidth, fwd /
+//    fwd+bwd): 80.8-86.3 / 81.5-86.8% with sincosf -> 84.8-87.4 / 85.2-87.5% (the 1x32768x8x128 case,
+//    the fewest heads to amortise a token's trig, gains the most: 80.8 / 81.5 -> 84.8 / 85.6%).
+//    A thread per (token, head, unit) instead (60 or 40 registers, 50-75% occupancy, the same fast
+//    trig) reached only 57-70%: it recomputes the trig for every head and has fewer bytes per thread
+//    in flight. float32 data keeps sincosf (its results are held to 1e-5 of the composite), and so
+//    does the scalar path (layouts that cannot take 16-byte vectors; not measured);
 //  - per-token index work is additions: (i0, i1) advances by a precomputed quotient and remainder,
 //    units and dims are 32-bit ints, no division per element (64-bit offsets for the pointers only,
 //    so >2^31-element tensors still work);
@@ -24,9 +34,7 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "apex/cuda.cuh"
@@ -240,7 +248,7 @@ C10_DEVICE C10_ALWAYS_INLINE void set_pair(Coefficients& k, int p, float ca, flo
   k.set(p, ca, backward ? sb : -sa, cb, backward ? -sa : sb);
 }
 
-// ---- cheap trig for 16-bit data (APEX_ROPE_VARIANT=flat and fasttrig) -------------------------------
+// ---- cheap trig for 16-bit data ------------------------------------------------------------------
 //
 // sincosf costs ~40 instructions an angle on its fast path (a three-constant reduction by pi / 2 and
 // two polynomials) and inlines a Payne-Hanek slow path for |x| > 1e5 (the kernels' 32-byte stack
@@ -307,7 +315,7 @@ C10_DEVICE C10_ALWAYS_INLINE void fast_angle_coefficients(const float (&a)[kVec]
 // interleaved: 2 * kVec adjacent columns, a at the even ones). Angle tables take one sincosf per
 // angle, and one per pair whose two angles are the same bits (equal inputs give equal outputs, so
 // only the work changes: the usual tables, cat(f, f) and repeat_interleave(f, 2), are all such pairs).
-// kFastTrig (16-bit data): fast_sincos where the unit's angles allow it.
+// kFastTrig (16-bit data on the vector path): fast_sincos where the unit's angles allow it.
 template <class T, int kVec, bool kInterleaved, bool kFastTrig>
 C10_DEVICE C10_ALWAYS_INLINE void unit_coefficients(const Table& t, bool vectors, int64_t pos, int col_a, int col_b,
                                                     bool backward, Coefficients<T, kVec, kInterleaved>& k) {
@@ -384,17 +392,12 @@ C10_DEVICE C10_ALWAYS_INLINE void store(T* out, int e, const Raw<T, kVec>& v) {
   if constexpr (kVec == 1) {
     out[e] = v.value[0];
   } else {
-    static_assert(sizeof(v) == kVectorBytes || sizeof(v) == 8);  // (8: the flat8 variant's half vectors)
+    static_assert(sizeof(v) == kVectorBytes);
 #if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
-    uint32_t w[sizeof(v) / 4];
+    uint32_t w[4];
     memcpy(w, &v, sizeof(w));
-    if constexpr (sizeof(v) == 8) {
-      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(out + e), "r"(w[0]), "r"(w[1]) : "memory");
-    } else {
-      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + e), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-                   "r"(w[3])
-                   : "memory");
-    }
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + e), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
 #else
     *reinterpret_cast<Raw<T, kVec>*>(out + e) = v;
 #endif
@@ -479,7 +482,7 @@ C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan,
   }
 }
 
-template <class T, int kVec, bool kFastTrig>
+template <class T, int kVec>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(const RopeArgs a, const Plan plan) {
   // A programmatic dependent launch (launch_rope): this grid may start while the stream's previous
   // kernel finishes, so it waits for that kernel before touching memory, and lets the next kernel's
@@ -498,6 +501,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(cons
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   int64_t i0 = token / a.outer1, i1 = token - i0 * a.outer1;  // divisions once per thread
   const int64_t step0 = step / a.outer1, step1 = step - step0 * a.outer1;
+  constexpr bool kFastTrig = sizeof(T) == 2 && kVec > 1;  // 16-bit data on the vector path (file comment)
 
   for (; token < tokens; token += step) {
     const TokenPositions where = positions_of(a, plan.tokens32, i0, i1);
@@ -515,59 +519,6 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(cons
     i1 += step1;
     if (i1 >= a.outer1) i1 -= a.outer1, ++i0;
   }
-}
-
-// ---- the flat kernel (APEX_ROPE_VARIANT=flat; 16-bit data on the vector path) -----------------------
-//
-// A thread per (token, head, unit): two 16-byte vectors in, their cos/sin computed again for every
-// head (fast_sincos: ~10 instructions an angle, ~15 a 16-bit element all told against the ~32 an H200
-// SM can issue per element at copy speed), two vectors out. Nothing is kept across heads, so a thread
-// needs few registers, an SM holds many warps, and the bytes in flight come from warps, not from a
-// thread's loop (the kernel above: 125 registers, 25% occupancy, latency-bound). Copied units take two
-// vectors (or one, at the end of the head), so that no lane of a partial-rotary warp moves half the
-// bytes of its neighbours.
-constexpr int kFlatThreads = 256;
-
-struct FlatPlan {
-  UnitMap map;                  // copy_vectors 2
-  FastDivmod per_token;         // heads * units: item -> (token, item in token)
-  FastDivmod per_head;          // units: item in token -> (head, unit)
-  FastDivmod outer1;            // token -> (i0, i1)
-  uint32_t items;               // tokens * heads * units < 2^31
-  bool table_vectors[2];
-};
-
-// kVec: 16-byte vectors (flat), or 8-byte ones (flat8: half the registers a thread, twice the threads).
-template <class T, int kVec, bool kInterleaved>
-__global__ void __launch_bounds__(kFlatThreads) rope_flat_kernel(const RopeArgs a, const FlatPlan plan) {
-  cuda::wait_for_prerequisite_grid();
-  cuda::allow_dependent_launch();  // (as rope_kernel)
-  const uint32_t item = blockIdx.x * kFlatThreads + threadIdx.x;
-  if (item >= plan.items) return;
-  uint32_t token, in_token, head, unit, i0, i1;
-  plan.per_token.divmod(item, token, in_token);
-  plan.per_head.divmod(in_token, head, unit);
-  plan.outer1.divmod(token, i0, i1);
-  const Unit u = unit_at<2>(plan.map, static_cast<int>(unit));
-  const T* x = static_cast<const T*>(a.x) + i0 * a.x_stride0 + i1 * a.x_stride1 + head * a.x_stride_h;
-  T* out = static_cast<T*>(a.out) + i0 * a.out_stride0 + i1 * a.out_stride1 + head * a.out_stride_h;
-  Raw<T, kVec> va = load<T, kVec>(x, u.ea, 1), vb = load<T, kVec>(x, u.eb, 1);  // (one vector twice: merged)
-  if (u.rotated) {
-    const TokenPositions where = positions_of(a, /*tokens32=*/true, i0, i1);
-    if (where.valid) {  // else no position: copied unchanged
-      const Table table = table_of(a, u.section);
-      const int64_t pos = u.section == 0 ? where.pos[0] : where.pos[1];
-      CUDA_KERNEL_ASSERT(pos >= 0 && pos < table.rows && "RoPE position outside the table");
-      const int base = u.section * plan.map.width;
-      Coefficients<T, kVec, kInterleaved> coefficients;
-      unit_coefficients<T, kVec, kInterleaved, /*kFastTrig=*/true>(
-          table, u.section == 0 ? plan.table_vectors[0] : plan.table_vectors[1], pos, u.ea - base, u.eb - base,
-          a.backward, coefficients);
-      coefficients.rotate(va, vb);
-    }
-  }
-  store<T, kVec>(out, u.ea, va);
-  if (u.eb != u.ea) store<T, kVec>(out, u.eb, vb);
 }
 
 // Whether every access of the kVec-wide path is a whole aligned 16-byte vector.
@@ -588,7 +539,7 @@ bool table_vectors(const Table& t, size_t element_size) {
   return rows && is_aligned(t.cos) && (t.sin == nullptr || is_aligned(t.sin));
 }
 
-template <class T, int kVec, bool kFastTrig>
+template <class T, int kVec>
 void launch_rope(const RopeArgs& a, const Cuda& device) {
   const int64_t tokens = a.outer0 * a.outer1;
   Plan plan{};
@@ -596,55 +547,12 @@ void launch_rope(const RopeArgs& a, const Cuda& device) {
   plan.tokens32 = a.outer1 <= UINT32_MAX && (a.positions != Positions::kImage || a.image_width <= UINT32_MAX);
   for (int s = 0; s < a.sections; ++s) plan.table_vectors[s] = table_vectors(a.tables[s], sizeof(T));
   LaunchPlan launch = block_shape(tokens, plan.map);
-  const auto kernel = rope_kernel<T, kVec, kFastTrig>;
-  const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel),
+  const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(rope_kernel<T, kVec>),
                                                   launch.cols * launch.rows, 0, device.device);
   grid_shape(tokens, a.heads, static_cast<int64_t>(cuda::device_limits(device.device).sms) * per_sm, launch);
   plan.heads_per_group = launch.heads_per_group;
-  cuda::launch_dependent(device, kernel, dim3(launch.blocks, launch.groups), dim3(launch.cols, launch.rows), 0,
-                         cuda::stream(device), a, plan);
-}
-
-// Whether the flat kernel's 32-bit item index covers the tensor.
-bool flat_fits(const RopeArgs& a, const UnitMap& map) {
-  const int64_t tokens = a.outer0 * a.outer1;
-  return tokens < INT_MAX && a.heads * map.units <= INT_MAX / tokens;
-}
-
-template <class T, int kVec>
-bool launch_flat(const RopeArgs& a, const Cuda& device) {
-  FlatPlan plan{};
-  plan.map = unit_map(kVec, a.dim, a.width, a.sections, a.interleaved, /*copy_vectors=*/2);
-  if (!flat_fits(a, plan.map)) return false;
-  const int64_t per_token = a.heads * plan.map.units;
-  plan.per_token = fast_divmod(static_cast<uint32_t>(per_token));
-  plan.per_head = fast_divmod(static_cast<uint32_t>(plan.map.units));
-  plan.outer1 = fast_divmod(static_cast<uint32_t>(a.outer1));
-  plan.items = static_cast<uint32_t>(a.outer0 * a.outer1 * per_token);
-  for (int s = 0; s < a.sections; ++s) plan.table_vectors[s] = table_vectors(a.tables[s], sizeof(T));
-  const auto kernel = plan.map.interleaved ? rope_flat_kernel<T, kVec, true> : rope_flat_kernel<T, kVec, false>;
-  cuda::launch_dependent(device, kernel, dim3((plan.items + kFlatThreads - 1) / kFlatThreads), dim3(kFlatThreads), 0,
-                         cuda::stream(device), a, plan);
-  return true;
-}
-
-// The A/B switch APEX_ROPE_VARIANT, read once: unset or "default" (rope_kernel with sincosf),
-// "flat" / "flat8" (16-bit data on the vector path: rope_flat_kernel on 16- / 8-byte vectors; the
-// rest as default), "fasttrig" (16-bit data on the vector path: rope_kernel with fast_sincos; the
-// rest as default).
-enum class Variant { kDefault, kFlat, kFlat8, kFastTrig };
-
-Variant variant() {
-  static const Variant chosen = [] {
-    const char* name = std::getenv("APEX_ROPE_VARIANT");
-    if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "default") == 0) return Variant::kDefault;
-    if (std::strcmp(name, "flat") == 0) return Variant::kFlat;
-    if (std::strcmp(name, "flat8") == 0) return Variant::kFlat8;
-    if (std::strcmp(name, "fasttrig") == 0) return Variant::kFastTrig;
-    throw std::invalid_argument(std::string("fused_rope: APEX_ROPE_VARIANT must be default, flat, flat8 or fasttrig, got ") +
-                                name);
-  }();
-  return chosen;
+  cuda::launch_dependent(device, rope_kernel<T, kVec>, dim3(launch.blocks, launch.groups), dim3(launch.cols, launch.rows),
+                         0, cuda::stream(device), a, plan);
 }
 
 }  // namespace
@@ -662,20 +570,11 @@ void rope(const Cuda& device, const RopeArgs& args) {
   dispatch_floating<false>(args.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kVec = vector_width<T>();
-    if (!vector_path<kVec>(args)) {
-      launch_rope<T, 1, false>(args, device);
-      return;
+    if (vector_path<kVec>(args)) {
+      launch_rope<T, kVec>(args, device);
+    } else {
+      launch_rope<T, 1>(args, device);
     }
-    if constexpr (sizeof(T) == 2) {
-      const Variant v = variant();
-      if (v == Variant::kFlat && launch_flat<T, kVec>(args, device)) return;
-      if (v == Variant::kFlat8 && launch_flat<T, kVec / 2>(args, device)) return;
-      if (v == Variant::kFastTrig) {
-        launch_rope<T, kVec, true>(args, device);
-        return;
-      }
-    }
-    launch_rope<T, kVec, false>(args, device);
   });
   cuda::check_launch("fused_rope");
 }

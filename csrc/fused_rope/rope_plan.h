@@ -6,8 +6,7 @@
 //   rotated units  kVec pairs: two kVec-wide vectors a (dims ea..) and b (dims eb..); half-split
 //                  pairs (ea + p, eb + p) with eb = ea + width / 2, interleaved (ea + 2p, ea + 2p + 1)
 //                  with eb = ea + kVec (a and b are then the two halves of 2 * kVec adjacent dims);
-//   copied units   kVec pass-through dims ea.. (vector a only; the flat kernel's take two vectors,
-//                  ea.. and eb = ea + kVec.., or one, eb == ea, where the head's dims end first).
+//   copied units   kVec pass-through dims ea.. (vector a only).
 // A block is cols x rows threads: thread (x, y) takes unit x (then x + cols, ..) of token
 // blockIdx.x * rows + y (then + gridDim.x * rows, ..) for the heads of head group blockIdx.y.
 #include <c10/macros/Macros.h>
@@ -36,32 +35,24 @@ struct UnitMap {
   int sections;           // 1 or 2
   int units_per_section;  // width / 2 / vec
   int rotate_units;       // sections * units_per_section
-  int units;              // rotate_units + the copied units, copy_vectors vectors each (the last may have one)
-  int dim;
+  int units;              // rotate_units + (dim - sections * width) / vec
   bool interleaved;
 };
 
-inline UnitMap unit_map(int vec, int64_t dim, int64_t width, int sections, bool interleaved, int copy_vectors = 1) {
+inline UnitMap unit_map(int vec, int64_t dim, int64_t width, int sections, bool interleaved) {
   UnitMap m{};
   m.vec = vec;
   m.width = static_cast<int>(width);
   m.sections = sections;
   m.units_per_section = static_cast<int>(width / 2 / vec);
   m.rotate_units = sections * m.units_per_section;
-  const int64_t copied_vectors = (dim - sections * width) / vec;
-  m.units = m.rotate_units + static_cast<int>((copied_vectors + copy_vectors - 1) / copy_vectors);
-  m.dim = static_cast<int>(dim);
+  m.units = m.rotate_units + static_cast<int>((dim - sections * width) / vec);
   m.interleaved = interleaved;
   return m;
 }
 
-// kCopyVectors: the unit_map's copy_vectors.
-template <int kCopyVectors = 1>
 C10_HOST_DEVICE C10_ALWAYS_INLINE Unit unit_at(const UnitMap& m, int k) {
-  if (k >= m.rotate_units) {
-    const int ea = m.sections * m.width + (k - m.rotate_units) * kCopyVectors * m.vec;
-    return {ea, kCopyVectors == 1 ? 0 : ea + m.vec < m.dim ? ea + m.vec : ea, 0, false};
-  }
+  if (k >= m.rotate_units) return {m.sections * m.width + (k - m.rotate_units) * m.vec, 0, 0, false};
   const int s = k >= m.units_per_section ? 1 : 0;  // at most 2 sections: no division
   const int q = k - s * m.units_per_section;
   const int ea = s * m.width + (m.interleaved ? 2 * q * m.vec : q * m.vec);
@@ -74,36 +65,6 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE Unit unit_at(const UnitMap& m, int k) {
 C10_HOST_DEVICE C10_ALWAYS_INLINE void pair_dims(const UnitMap& m, const Unit& u, int p, int& da, int& db) {
   da = m.interleaved ? u.ea + 2 * p : u.ea + p;
   db = m.interleaved ? da + 1 : u.eb + p;
-}
-
-// n / d and n % d for n < 2^31 by a multiply and a shift (a GPU has no integer division: a runtime
-// one is a ~20-instruction sequence). With l = ceil(log2 d) and k = 31 + l, m = ceil(2^k / d) is below
-// 2^32, and floor(n m / 2^k) = floor(n / d): for n = q d + r, n m / 2^k = q + r / d + n f / (d 2^k)
-// with f = m d - 2^k < d <= 2^l, so the last term is below 1 / d and the sum below q + 1. On the
-// device, n m / 2^k is the high word of (2 n) m shifted right by l (2 n still fits 32 bits).
-struct FastDivmod {
-  uint32_t divisor, multiplier;
-  int shift;  // l
-
-  C10_HOST_DEVICE C10_ALWAYS_INLINE uint32_t quotient(uint32_t n) const {
-#if defined(__CUDA_ARCH__)
-    return __umulhi(2 * n, multiplier) >> shift;
-#else
-    return static_cast<uint32_t>((static_cast<uint64_t>(2 * n) * multiplier) >> (32 + shift));
-#endif
-  }
-  C10_HOST_DEVICE C10_ALWAYS_INLINE void divmod(uint32_t n, uint32_t& q, uint32_t& r) const {
-    q = quotient(n);
-    r = n - q * divisor;
-  }
-};
-
-// For 1 <= d < 2^31.
-inline FastDivmod fast_divmod(uint32_t d) {
-  int l = 0;
-  while ((uint64_t{1} << l) < d) ++l;
-  const uint64_t power = uint64_t{1} << (31 + l);
-  return {d, static_cast<uint32_t>((power + d - 1) / d), l};
 }
 
 struct LaunchPlan {
