@@ -4,10 +4,6 @@
 // columns up to the diagonal and write zeros past it without reading anything.
 // forward_as<T> is instantiated once per dtype, each in a unit of its own (softmax_forward_<dtype>.cu),
 // so that ninja compiles the dtypes in parallel: as one unit they were the op's slowest.
-#include <cstdlib>
-#include <stdexcept>
-#include <string>
-
 #include "apex/packed_pairs.cuh"
 #include "softmax_cuda.cuh"
 
@@ -427,12 +423,16 @@ C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> outputs_of(const float (&e)[
   return y;
 }
 
-// ---- exponentials kept between the sum and output passes (APEX_SOFTMAX_VARIANT keep, tma_keep) ----
+// ---- exponentials kept between the sum and output passes (the row kernel, rows without a causal bound)
 //
-// The row kernels above compute exp2(x * scale - base) twice per element (sum pass, output pass).
-// Kept<T, kVec> holds the sum pass's exponentials instead, in the registers the loaded vector held:
-// 16-bit data as half pairs (one cvt per pair; the output pass unpacks them, multiplies by one factor
-// and packs: per element one MUFU.EX2, an FFMA and the launder's PRMT fewer), float data as floats.
+// exp2(x * scale - base) is wanted twice per element: in the sum pass and in the output pass.
+// Kept<T, kVec> holds the sum pass's exponentials, in the registers the loaded vector held: 16-bit
+// data as half pairs (one cvt per pair; the output pass unpacks them, multiplies by one factor and
+// packs: per element one MUFU.EX2, an FFMA and the launder's PRMT fewer than recomputing them; bf16
+// row kernel 112 -> 49 MUFU.EX2 and 2424 -> 2104 SASS instructions, 64 registers, no spills), float
+// data as floats. Measured on an H200 (bf16, copy ~4170 GB/s), forward / forward+backward of copy
+// bandwidth, recomputing -> keeping: masked 1x4x256x65536 76.4/83.7% -> 83.8/88.5%, 1x8x512x32768
+// 86.5/90.5% -> 87.5/91.4%, 16x16x512x512 94.0/98.0% -> 96.7/100.6%.
 // A half's 11 bits are exact enough for a 16-bit output only where it is a normal number, so the
 // exponentials are taken relative to the thread's own max less kKeepShift: e in [2^-(29), 2^15] keeps
 // full precision (fp16's normals start at 2^-14), which leaves out only outputs below 2^-29 of their
@@ -639,7 +639,12 @@ __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_
 // (kRowForwardVectors vectors per thread); see softmax_cuda.cuh. A block loads its next row before
 // it reduces the current one, and loads a mask row only when it differs from the current row's
 // (heads of one (b, q) run back to back): the thread keeps the mask as bits in one register.
-// kKeep (rows without a causal bound only): the exponentials are kept (Kept) between the passes.
+// A kernel holding the next row in shared memory instead (cp.async.bulk on an mbarrier, 8 vectors a
+// thread, 64K bf16 rows in one block) lost at 32K and 64K columns (H200 bf16 masked 1x4x256x65536
+// forward 71.3% of copy against this kernel's 83.8%): one row in flight per block behind a barrier.
+// kKeep (rows without a causal bound, which run() gives it): the exponentials are kept (Kept) between
+// the passes. Causal rows recompute them: they skip the masked triangle and run past copy bandwidth
+// already (H200 bf16: causal 64x2048x2048 forward 124.0% of copy, 16x8192x8192 113.3%).
 template <class T, int kVec, bool kKeep>
 __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, Plan plan) {
   constexpr int kVectors = kRowForwardVectors;
@@ -733,7 +738,10 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int room = limit - column(k);
-      if (kKeep || warp_any(room > 0)) {  // keeping: see bulk_forward
+      // Keeping: every vector is dropped where past the row and takes part in the sum pass (its
+      // exponentials 0, not stored): a branch around it left the kept words maybe-unset, which cost
+      // ptxas twice their registers (56-76 bytes of spills).
+      if (kKeep || warp_any(room > 0)) {
         const uint32_t dropped = ((bits >> (k * kVec)) | bits_past<kVec>(room)) & kAll;
         if (warp_any(dropped != 0)) drop_elements(in[k], Dropped<kVec>::from_bits(dropped));
         most.absorb(in[k]);
@@ -782,177 +790,9 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
   if (cluster > 1) exchange_finish();
 }
 
-// ---- rows held whole in one block's shared memory (APEX_SOFTMAX_VARIANT tma, tma_keep) --------------
-//
-// The row kernel holds its next row in registers (64 per thread at 1024 threads): 4 vectors a thread
-// and a thread-block cluster for rows past 32768 bf16 columns, whose exchange ties two SMs' rows
-// together, and ~7 of its ~22 instructions an element are per-row work over 32 elements a thread.
-// bulk_forward puts the next row in shared memory instead, copied by one thread with bulk copies
-// (cp.async.bulk, completing on an mbarrier: no registers and no instructions per element): a thread
-// holds kBulkVectors vectors of the row in registers, a 64K bf16 row takes one block of 1024 threads
-// (128 KB of row and 64 KB of mask in shared memory), and the per-row work spreads over 64 elements.
-// Each row: wait for its bytes, copy them to registers, one barrier, then the next row's copies are
-// issued while this one is reduced and written. The mask row is copied only when it changes (heads of
-// one (b, q) run back to back) and held as bits. Rows without a causal bound, positive scales, vector
-// data, 16-byte aligned mask rows (see bulk_fits).
-constexpr int kBulkVectors = 8;
-// One cp.async.bulk per piece of a row (several in flight, where one copy of 128 KB would be one
-// stream of requests).
-constexpr int kBulkPieceBytes = 16384;
-// Shared memory the kernel declares itself (scratch: 2 x 32 warps x 8 bytes, two barriers).
-constexpr int64_t kBulkStaticBytes = 1024;
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)
-C10_DEVICE C10_ALWAYS_INLINE void bulk_wait(uint64_t* barrier, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(shared_address(barrier)), "r"(parity)
-        : "memory");
-  }
-}
-
-// Copies `bytes` (a multiple of 16, both ends 16-byte aligned) from global `from` to shared `to`, the
-// bytes completing on `barrier`'s current phase (armed for all of them first, by one thread).
-C10_DEVICE C10_ALWAYS_INLINE void bulk_copy(void* to, const void* from, int bytes, uint64_t* barrier) {
-  asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }" ::"r"(
-                   shared_address(barrier)),
-               "r"(bytes)
-               : "memory");
-  for (int done = 0; done < bytes; done += kBulkPieceBytes) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            shared_address(static_cast<char*>(to) + done)),
-        "l"(static_cast<const char*>(from) + done), "r"(min(kBulkPieceBytes, bytes - done)),
-        "r"(shared_address(barrier))
-        : "memory");
-  }
-}
-#endif
-
-template <class T, int kVec, bool kKeep>
-__global__ void __launch_bounds__(kMaxRowThreads, 1) bulk_forward(ForwardArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)
-  constexpr int kVectors = kBulkVectors;
-  constexpr int kBitWords = (kVectors * kVec + 31) / 32;
-  static_assert(32 % kVec == 0, "a vector's mask bits lie in one word");
-  extern __shared__ float4 dynamic_smem[];  // float4: 16-byte aligned
-  __shared__ Stats scratch[2][kMaxRowWarps];
-  __shared__ uint64_t arrived[2];  // the row's bytes; the mask row's
-  const int cols = static_cast<int>(a.cols);
-  T* const staged = reinterpret_cast<T*>(dynamic_smem);
-  uint8_t* const staged_mask = reinterpret_cast<uint8_t*>(staged + cols);  // cols * sizeof(T): a multiple of 16
-  const T* x = static_cast<const T*>(a.x);
-  T* y = static_cast<T*>(a.y);
-  const float scale = a.scale * kLog2e;
-  const bool head_fastest = heads_share_mask(a);
-  const bool has_mask = a.mask != nullptr;
-  const int col0 = static_cast<int>(threadIdx.x) * kVec, stride = static_cast<int>(blockDim.x) * kVec;
-  const auto column = [&](int k) { return col0 + k * stride; };
-  const BlockRows rows(a.rows, 1, false);
-  const int row_bytes = cols * static_cast<int>(sizeof(T));
-  // Thread 0 copies row r in, and its mask row where that differs from `held` (the mask row whose
-  // bytes the buffer holds).
-  const auto copy_in = [&](const RowIndex& r, const uint8_t* held) {
-    bulk_copy(staged, x + row_offset(a, r), row_bytes, &arrived[0]);
-    if (has_mask && mask_row(a, r) != held) bulk_copy(staged_mask, mask_row(a, r), cols, &arrived[1]);
-  };
-  if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&arrived[0])) : "memory");
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&arrived[1])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  RowIndex r = row_at(a, rows.first, head_fastest);
-  if (threadIdx.x == 0 && rows.first < rows.end) copy_in(r, nullptr);
-  const uint8_t* mask_now = nullptr;  // the mask row `bits` holds
-  uint32_t bits[kBitWords] = {};      // bit k * kVec + e (of word / 32): element e of vector k is masked
-  uint32_t mask_copies = 0;           // mask rows waited for: the mask barrier's phase
-  for (int64_t t = rows.first; t < rows.end; ++t) {
-    const uint32_t n = static_cast<uint32_t>(t - rows.first);
-    const uint8_t* const mask = has_mask ? mask_row(a, r) : nullptr;
-    bulk_wait(&arrived[0], n & 1u);
-    // A vector past the row's end reloads column 0 (dropped whole below).
-    Packed<T, kVec> in[kVectors];
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) in[k] = Packed<T, kVec>::load(staged, column(k) < cols ? column(k) : 0);
-    if (mask != mask_now) {
-      bulk_wait(&arrived[1], mask_copies++ & 1u);
-#pragma unroll
-      for (int i = 0; i < kBitWords; ++i) bits[i] = 0;
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k) {
-        const int at = k * kVec;
-        bits[at / 32] |= MaskBytes<kVec>::load(staged_mask, column(k) < cols ? column(k) : 0).bits() << (at % 32);
-      }
-      mask_now = mask;
-    }
-    __syncthreads();  // every thread holds its part of the row (and mask): the buffers take the next
-    if (threadIdx.x == 0 && t + 1 < rows.end) {
-      RowIndex next = r;
-      next_row(a, next, head_fastest);
-      // The block's reads of the buffers (generic proxy), ordered by the barrier, before the copies
-      // (async proxy) overwrite them.
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      copy_in(next, mask_now);
-    }
-    // Keeping: every vector is dropped where past the row and takes part in the sum pass (its
-    // exponentials 0, not stored), as a branch around it left the kept words maybe-unset, which cost
-    // ptxas twice their registers (spills).
-    LoadedMax<T> most;
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
-      const int room = cols - column(k);
-      if (kKeep || warp_any(room > 0)) {
-        const int at = k * kVec;
-        constexpr uint32_t kAll = kVec == 32 ? ~0u : (1u << kVec) - 1u;
-        const uint32_t dropped = ((bits[at / 32] >> (at % 32)) & kAll) | bits_past<kVec>(room);
-        if (warp_any(dropped != 0)) drop_elements(in[k], Dropped<kVec>::from_bits(dropped));
-        most.absorb(in[k]);
-        if constexpr (LoadedMax<T>::template converts<kVec>()) launder(in[k]);
-      }
-    }
-    const float own_max = most.value() * scale, own_base = exp_base(own_max);
-    if constexpr (kKeep) {
-      const float shifted = own_base - kKeepShift;
-      Kept<T, kVec> e[kVectors];
-      float sum = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k) sum = keep_exps(in[k], scale, shifted, e[k], sum);
-      const Stats stats = block_stats_once(Stats{own_max - kKeepShift, sum}, scratch, static_cast<int>(n & 1u));
-      const float factor = keep_factor(shifted, stats);
-      T* const row_y = y + row_offset(a, r) + col0;
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k) store_vector_if(column(k) < cols, row_y + k * stride, kept_outputs(e[k], factor));
-    } else {
-      float sum = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k) {
-        if (warp_any(column(k) < cols)) sum = exp_sum(in[k], scale, own_base, sum);
-      }
-      const Stats stats = block_stats_once(Stats{own_max, sum}, scratch, static_cast<int>(n & 1u));
-      const Normalizer norm = Normalizer::of<T>(stats.max, stats.sum);
-      T* const row_y = y + row_offset(a, r) + col0;
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k) launder(in[k]);
-      with_folding(!warp_any(!norm.folded), [&](auto folded) {
-#pragma unroll
-        for (int k = 0; k < kVectors; ++k) {
-          store_vector_if(column(k) < cols, row_y + k * stride,
-                          probabilities_of<decltype(folded)::value>(in[k], scale, norm));
-        }
-      });
-    }
-    next_row(a, r, head_fastest);
-  }
-#endif
-}
-
 // ---- rows without a causal bound: each exponential computed once -------------------------------
 //
-// The kernels above compute exp2(x * scale - base) twice per element, in the sum pass and again in
+// warp_forward computes exp2(x * scale - base) twice per element, in the sum pass and again in
 // the output pass (the row stays packed in registers between them). warp_forward_once keeps the sum
 // pass's exponentials in float registers (up to 32 a lane) and writes y = e * factor:
 // per element one FMUL where the output pass took a conversion, an FFMA and a MUFU.EX2 (half the
@@ -1165,74 +1005,15 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm) block_forwa
   }
 }
 
-// ---- the A/B switch (one place: the lead keeps the winner and removes it) ------------------------
-//
-// APEX_SOFTMAX_VARIANT, read once: default (unset), keep (the row kernel keeps its exponentials),
-// tma (bulk_forward where it fits, else default), tma_keep (bulk_forward keeping its exponentials,
-// else the row kernel keeping them). Rows with a causal bound always take the default kernels.
-enum class Variant { kDefault, kKeep, kTma, kTmaKeep };
-
-inline Variant forward_variant() {
-  static const Variant variant = [] {
-    const char* value = std::getenv("APEX_SOFTMAX_VARIANT");
-    const std::string name = value == nullptr ? "" : value;
-    if (name == "keep") return Variant::kKeep;
-    if (name == "tma") return Variant::kTma;
-    if (name == "tma_keep") return Variant::kTmaKeep;
-    if (!name.empty() && name != "default") {
-      throw std::runtime_error("APEX_SOFTMAX_VARIANT: unknown variant '" + name + "'");
-    }
-    return Variant::kDefault;
-  }();
-  return variant;
-}
-
-// Whether bulk_forward takes the call: a row of more than half what one row-kernel block holds (the
-// row kernel keeps shorter rows, where its blocks stay small) and at most kBulkVectors vectors for
-// each of kMaxRowThreads threads; the row, and the mask row, fit one block's shared memory; the mask
-// rows 16-byte aligned (bulk copies move multiples of 16 bytes between 16-byte aligned addresses);
-// Hopper code.
-template <class T, int kVec>
-bool bulk_fits(const ForwardArgs& args, const Cuda& device) {
-  const int64_t vectors = ceil_div(args.cols, kVec);
-  if (args.causal || vectors <= int64_t{kMaxRowThreads} * kRowForwardVectors / 2 ||
-      vectors > int64_t{kMaxRowThreads} * kBulkVectors) {
-    return false;
-  }
-  const int64_t smem = args.cols * static_cast<int64_t>(sizeof(T)) + (args.mask != nullptr ? args.cols : 0);
-  if (smem > device_info(device.device).max_smem - kBulkStaticBytes) return false;
-  constexpr int kCopyAlign = 16;
-  if (args.mask != nullptr &&
-      !(args.cols % kCopyAlign == 0 && is_aligned(args.mask, kCopyAlign) && args.mask_batch_stride % kCopyAlign == 0 &&
-        args.mask_head_stride % kCopyAlign == 0 && args.mask_query_stride % kCopyAlign == 0)) {
-    return false;
-  }
-  return supports_clusters(bulk_forward<T, kVec, false>, device);  // an sm_90 build on Hopper: the same test
-}
-
-// bulk_forward over the call's rows: kBulkVectors vectors a thread, persistent blocks (as many as are
-// resident) each taking a contiguous range of rows.
-template <class T, int kVec, bool kKeep>
-void launch_bulk(const ForwardArgs& args, const Cuda& device) {
-  const auto kernel = bulk_forward<T, kVec, kKeep>;
-  const int threads = cuda::whole_warps(static_cast<int>(ceil_div(ceil_div(args.cols, kVec), kBulkVectors)));
-  const size_t smem =
-      static_cast<size_t>(args.cols * static_cast<int64_t>(sizeof(T)) + (args.mask != nullptr ? args.cols : 0));
-  const int resident = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem, device.device);
-  const int64_t most = std::max<int64_t>(1, static_cast<int64_t>(cuda::sm_count(device.device)) * resident);
-  const int64_t blocks = std::min(args.rows, most);
-  kernel<<<static_cast<unsigned>(blocks), threads, smem, cuda::stream(device)>>>(args);
-  cuda::check_launch("fused_softmax forward");
-}
-
 template <class T, int kVec>
 void run(const ForwardArgs& args, const Cuda& device) {
   static_assert(kWarpForwardVectors == 8, "one warp kernel instance per power of two up to kWarpForwardVectors");
   void (*const warp_kernels[])(ForwardArgs, int) = {warp_forward<T, kVec, 1>, warp_forward<T, kVec, 2>,
                                                      warp_forward<T, kVec, 4>, warp_forward<T, kVec, 8>};
   // The row kernel takes vector data only; scalar rows past the warp kernel take the block kernel.
+  // Rows without a causal bound keep their exponentials between the passes (Kept).
   void (*row_kernel)(ForwardArgs, Plan) = nullptr;
-  if constexpr (kVec > 1) row_kernel = row_forward<T, kVec, false>;
+  if constexpr (kVec > 1) row_kernel = args.causal ? row_forward<T, kVec, false> : row_forward<T, kVec, true>;
   // Staged (block kernel): the chunk's elements and one byte of keep bits per vector.
   const double stage_bytes_per_column = sizeof(T) + 1.0 / kVec;
   // The warp and row kernels take positive finite scales (in the exp2 domain, as they compute it):
@@ -1260,21 +1041,6 @@ void run(const ForwardArgs& args, const Cuda& device) {
         launch_warp_kernel(once_kernels, plan, args, device, "fused_softmax forward");
         return;
       }
-    }
-  }
-  if constexpr (kVec > 1) {
-    const Variant variant = forward_variant();
-    if (!args.causal && variant != Variant::kDefault) {
-      const bool keep = variant == Variant::kKeep || variant == Variant::kTmaKeep;
-      if (variant != Variant::kKeep && bulk_fits<T, kVec>(args, device)) {
-        if (keep) {
-          launch_bulk<T, kVec, true>(args, device);
-        } else {
-          launch_bulk<T, kVec, false>(args, device);
-        }
-        return;
-      }
-      if (keep) row_kernel = row_forward<T, kVec, true>;
     }
   }
   run_rows(args, device, kVec, kRowForwardVectors, stage_bytes_per_column, row_kernel, block_forward<T, kVec>,

@@ -304,17 +304,18 @@ def test_long_rows_ragged_chunks_and_many_mask_rows(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mask_kind", ["shared", "per_head", "none"])
-def test_whole_row_kernel_boundaries(dtype, mask_kind):
-    """Widths on both sides of the rows that APEX_SOFTMAX_VARIANT=tma / tma_keep give the kernel holding
-    a whole row in shared memory (bf16: past 16384 up to 65536 columns; float32: past 8192 up to 32768),
-    ragged last threads, 40000 columns, and widths whose mask rows are not 16-byte multiples (that
-    kernel declines those masks); more rows than the grid has blocks (the next row's bulk copies, the
-    barriers' phases, the mask row copied only where it changes: [1, 1, sq, sk] every 7 rows,
-    [1, 7, sq, sk] every row), 7 heads, fully masked rows and scattered -inf scores. Every row checked;
-    under every variant the same results."""
+def test_long_rows_at_row_kernel_thresholds(dtype, mask_kind):
+    """Long rows without a causal bound (the row kernel keeping its exponentials as half pairs) at its
+    thresholds: half a block's row (bf16 16384, float32 8192 columns), one block's whole row and one
+    vector past it (the first 2-block cluster), 40000 columns, a 2-block cluster's whole row and the
+    vectors around it (one past: a 4-block cluster, ragged chunks), ragged last threads; more rows than
+    the grid has blocks (the next row loaded while the current one is reduced, the mask row loaded only
+    where it changes: [1, 1, sq, sk] every 7 rows, [1, 7, sq, sk] every row), 7 heads, fully masked
+    rows and scattered -inf scores. Every row checked."""
     per_vector = 128 // torch.finfo(dtype).bits
-    low, high = 2 * 1024 * per_vector, 8 * 1024 * per_vector
-    widths = (low, low + per_vector, 40000, high - 2 * per_vector, high - per_vector, high, high + per_vector)
+    low, block, high = 2 * 1024 * per_vector, 4 * 1024 * per_vector, 8 * 1024 * per_vector
+    widths = (low, low + per_vector, block, block + per_vector, 40000, high - 2 * per_vector, high - per_vector, high,
+              high + per_vector)
     for sk in widths:
         heads = 7
         sq = max(3, 24_000_000 // (heads * sk)) | 1
