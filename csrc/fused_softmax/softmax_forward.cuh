@@ -407,6 +407,109 @@ C10_DEVICE C10_ALWAYS_INLINE Stats block_stats_once(const Stats& mine, Stats (*s
   return group_stats(lane < warps ? scratch[parity][lane] : Stats::empty(), C10_WARP_SIZE);
 }
 
+// The vector's outputs e * factor, as T (16-bit pairs by one cvt).
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> outputs_of(const float (&e)[kVec], float factor) {
+  AlignedVector<T, kVec> y;
+  if constexpr (sizeof(T) == 2 && kVec % 2 == 0) {
+    uint32_t words[kVec / 2];
+#pragma unroll
+    for (int i = 0; i < kVec / 2; ++i) words[i] = pack_pair<T>(e[2 * i] * factor, e[2 * i + 1] * factor);
+    memcpy(&y, words, sizeof(y));
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) y.value[k] = static_cast<T>(e[k] * factor);
+  }
+  return y;
+}
+
+// ---- exponentials kept between the sum and output passes (the row kernel, rows without a causal bound)
+//
+// exp2(x * scale - base) is wanted twice per element: in the sum pass and in the output pass.
+// Kept<T, kVec> holds the sum pass's exponentials, in the registers the loaded vector held: 16-bit
+// data as half pairs (one cvt per pair; the output pass unpacks them, multiplies by one factor and
+// packs: per element one MUFU.EX2, an FFMA and the launder's PRMT fewer than recomputing them; bf16
+// row kernel 112 -> 49 MUFU.EX2 and 2424 -> 2104 SASS instructions, 64 registers, no spills), float
+// data as floats. Measured on an H200 (bf16, copy ~4170 GB/s), forward / forward+backward of copy
+// bandwidth, recomputing -> keeping: masked 1x4x256x65536 76.4/83.7% -> 83.8/88.5%, 1x8x512x32768
+// 86.5/90.5% -> 87.5/91.4%, 16x16x512x512 94.0/98.0% -> 96.7/100.6%.
+// A half's 11 bits are exact enough for a 16-bit output only where it is a normal number, so the
+// exponentials are taken relative to the thread's own max less kKeepShift: e in [2^-(29), 2^15] keeps
+// full precision (fp16's normals start at 2^-14), which leaves out only outputs below 2^-29 of their
+// row's largest (absolute errors under 2^-38). The statistics carry the same shift (every thread's max
+// less kKeepShift), so merging them needs no change; see keep_factor.
+constexpr float kKeepShift = 15.0f;  // 2^15 = 32768 <= 65504, fp16's largest
+
+template <class T, int kVec>
+struct Kept {
+  static constexpr bool kPairs = sizeof(T) == 2 && kVec % 2 == 0;
+  static constexpr int kWords = kPairs ? kVec / 2 : kVec;
+  uint32_t w[kWords];
+};
+
+// sum + each exp2(x * scale - base) of the vector, kept in e.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE float keep_exps(const Packed<T, kVec>& x, float scale, float base, Kept<T, kVec>& e,
+                                             float sum) {
+  if constexpr (Kept<T, kVec>::kPairs) {
+#pragma unroll
+    for (int i = 0; i < kVec / 2; ++i) {
+      const float low = fast_exp2(fmaf(x[2 * i], scale, -base)), high = fast_exp2(fmaf(x[2 * i + 1], scale, -base));
+      sum += low + high;
+      e.w[i] = pack_pair<c10::Half>(low, high);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float v = fast_exp2(fmaf(x[k], scale, -base));
+      sum += v;
+      e.w[k] = __float_as_uint(v);
+    }
+  }
+  return sum;
+}
+
+// The two halves of a word as float. By asm on the word: through __half2 the compiler split each kept
+// word into two 16-bit registers (twice the registers: the keeping kernels spilled).
+C10_DEVICE C10_ALWAYS_INLINE float2 unpack_halves(uint32_t w) {
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  float2 out;
+  asm("{ .reg .f16 low, high; mov.b32 {low, high}, %2; cvt.f32.f16 %0, low; cvt.f32.f16 %1, high; }"
+      : "=f"(out.x), "=f"(out.y)
+      : "r"(w));
+  return out;
+#else
+  return unpack_pair<c10::Half>(w);
+#endif
+}
+
+// The vector's outputs e * factor, as T.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> kept_outputs(const Kept<T, kVec>& e, float factor) {
+  float v[kVec];
+  if constexpr (Kept<T, kVec>::kPairs) {
+#pragma unroll
+    for (int i = 0; i < kVec / 2; ++i) {
+      const float2 pair = unpack_halves(e.w[i]);
+      v[2 * i] = pair.x, v[2 * i + 1] = pair.y;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) v[k] = __uint_as_float(e.w[k]);
+  }
+  return outputs_of<T, kVec>(v, factor);
+}
+
+// What a thread multiplies its kept exponentials (taken relative to `shifted` = its own base less
+// kKeepShift) by: their share of the row's sum, from the row's statistics (max less kKeepShift, sum
+// relative to it). The exponent is at most 0 (a thread's max is at most its row's) but for a thread that
+// kept nothing (base 0, exponentials 0), where it could overflow to inf (a row of scores far below 0)
+// and 0 * inf would write NaN: clamped to 0. NaN and +inf rows keep their NaN sum (fminf drops the NaN
+// exponent of an +inf row, not the sum's).
+C10_DEVICE C10_ALWAYS_INLINE float keep_factor(float shifted, const Stats& row) {
+  return fast_exp2(fminf(shifted - exp_base(row.max), 0.0f)) * inverse_sum(row.sum);
+}
+
 // `group` lanes per row; each lane takes kRows consecutive rows (of the visiting order) at once,
 // kPacks vectors of each, all loaded before any is used. With a mask shared by the heads the
 // kRows rows are heads of one (b, q) (or of two, where np is not a multiple of kRows): a row whose
@@ -536,7 +639,13 @@ __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_
 // (kRowForwardVectors vectors per thread); see softmax_cuda.cuh. A block loads its next row before
 // it reduces the current one, and loads a mask row only when it differs from the current row's
 // (heads of one (b, q) run back to back): the thread keeps the mask as bits in one register.
-template <class T, int kVec>
+// A kernel holding the next row in shared memory instead (cp.async.bulk on an mbarrier, 8 vectors a
+// thread, 64K bf16 rows in one block) lost at 32K and 64K columns (H200 bf16 masked 1x4x256x65536
+// forward 71.3% of copy against this kernel's 83.8%): one row in flight per block behind a barrier.
+// kKeep (rows without a causal bound, which run() gives it): the exponentials are kept (Kept) between
+// the passes. Causal rows recompute them: they skip the masked triangle and run past copy bandwidth
+// already (H200 bf16: causal 64x2048x2048 forward 124.0% of copy, 16x8192x8192 113.3%).
+template <class T, int kVec, bool kKeep>
 __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, Plan plan) {
   constexpr int kVectors = kRowForwardVectors;
   constexpr uint32_t kAll = (1u << kVec) - 1u;
@@ -629,7 +738,10 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int room = limit - column(k);
-      if (warp_any(room > 0)) {
+      // Keeping: every vector is dropped where past the row and takes part in the sum pass (its
+      // exponentials 0, not stored): a branch around it left the kept words maybe-unset, which cost
+      // ptxas twice their registers (56-76 bytes of spills).
+      if (kKeep || warp_any(room > 0)) {
         const uint32_t dropped = ((bits >> (k * kVec)) | bits_past<kVec>(room)) & kAll;
         if (warp_any(dropped != 0)) drop_elements(in[k], Dropped<kVec>::from_bits(dropped));
         most.absorb(in[k]);
@@ -637,6 +749,21 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
       }
     }
     const float own_max = most.value() * scale, own_base = exp_base(own_max);
+    if constexpr (kKeep) {
+      const float shifted = own_base - kKeepShift;
+      // limit = end (no causal bound): vectors past it are dropped whole, 0 in the sum, not stored.
+      Kept<T, kVec> e[kVectors];
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) sum = keep_exps(in[k], scale, shifted, e[k], sum);
+      Stats stats = block_stats_once(Stats{own_max - kKeepShift, sum}, scratch, static_cast<int>(n & 1u));
+      if (cluster > 1) stats = exchange(cluster_stats, stats, MergeStats{}, Stats::empty(), cluster, n);
+      const float factor = keep_factor(shifted, stats);
+      T* const row_y = y + offset + col0;
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) store_vector_if(column(k) < end, row_y + k * stride, kept_outputs(e[k], factor));
+      continue;
+    }
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
@@ -665,7 +792,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
 
 // ---- rows without a causal bound: each exponential computed once -------------------------------
 //
-// The kernels above compute exp2(x * scale - base) twice per element, in the sum pass and again in
+// warp_forward computes exp2(x * scale - base) twice per element, in the sum pass and again in
 // the output pass (the row stays packed in registers between them). warp_forward_once keeps the sum
 // pass's exponentials in float registers (up to 32 a lane) and writes y = e * factor:
 // per element one FMUL where the output pass took a conversion, an FFMA and a MUFU.EX2 (half the
@@ -682,22 +809,6 @@ C10_DEVICE C10_ALWAYS_INLINE float exps_of(const Packed<T, kVec>& x, float scale
     sum += e[k];
   }
   return sum;
-}
-
-// The vector's outputs e * factor, as T (16-bit pairs by one cvt).
-template <class T, int kVec>
-C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> outputs_of(const float (&e)[kVec], float factor) {
-  AlignedVector<T, kVec> y;
-  if constexpr (sizeof(T) == 2 && kVec % 2 == 0) {
-    uint32_t words[kVec / 2];
-#pragma unroll
-    for (int i = 0; i < kVec / 2; ++i) words[i] = pack_pair<T>(e[2 * i] * factor, e[2 * i + 1] * factor);
-    memcpy(&y, words, sizeof(y));
-  } else {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) y.value[k] = static_cast<T>(e[k] * factor);
-  }
-  return y;
 }
 
 // The warp kernel for rows without a causal bound (warp_forward's shapes: `group` lanes per row, kRows
@@ -900,8 +1011,9 @@ void run(const ForwardArgs& args, const Cuda& device) {
   void (*const warp_kernels[])(ForwardArgs, int) = {warp_forward<T, kVec, 1>, warp_forward<T, kVec, 2>,
                                                      warp_forward<T, kVec, 4>, warp_forward<T, kVec, 8>};
   // The row kernel takes vector data only; scalar rows past the warp kernel take the block kernel.
+  // Rows without a causal bound keep their exponentials between the passes (Kept).
   void (*row_kernel)(ForwardArgs, Plan) = nullptr;
-  if constexpr (kVec > 1) row_kernel = row_forward<T, kVec>;
+  if constexpr (kVec > 1) row_kernel = args.causal ? row_forward<T, kVec, false> : row_forward<T, kVec, true>;
   // Staged (block kernel): the chunk's elements and one byte of keep bits per vector.
   const double stage_bytes_per_column = sizeof(T) + 1.0 / kVec;
   // The warp and row kernels take positive finite scales (in the exp2 domain, as they compute it):

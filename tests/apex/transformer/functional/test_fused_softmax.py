@@ -303,6 +303,48 @@ def test_long_rows_ragged_chunks_and_many_mask_rows(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_kind", ["shared", "per_head", "none"])
+def test_long_rows_at_row_kernel_thresholds(dtype, mask_kind):
+    """Long rows without a causal bound (the row kernel keeping its exponentials as half pairs) at its
+    thresholds: half a block's row (bf16 16384, float32 8192 columns), one block's whole row and one
+    vector past it (the first 2-block cluster), 40000 columns, a 2-block cluster's whole row and the
+    vectors around it (one past: a 4-block cluster, ragged chunks), ragged last threads; more rows than
+    the grid has blocks (the next row loaded while the current one is reduced, the mask row loaded only
+    where it changes: [1, 1, sq, sk] every 7 rows, [1, 7, sq, sk] every row), 7 heads, fully masked
+    rows and scattered -inf scores. Every row checked."""
+    per_vector = 128 // torch.finfo(dtype).bits
+    low, block, high = 2 * 1024 * per_vector, 4 * 1024 * per_vector, 8 * 1024 * per_vector
+    widths = (low, low + per_vector, block, block + per_vector, 40000, high - 2 * per_vector, high - per_vector, high,
+              high + per_vector)
+    for sk in widths:
+        heads = 7
+        sq = max(3, 24_000_000 // (heads * sk)) | 1
+        x = torch.randn(1, heads, sq, sk, device="cuda").to(dtype) * 4
+        x[0, 1, 1, ::7] = float("-inf")
+        x[0, 3, 2, :] = float("-inf")  # nothing but -inf: zeros
+        if mask_kind == "none":
+            y = ops().scaled_softmax_forward(x, 0.6)
+            check(y, reference(x, 0.6), TOL[dtype])
+        else:
+            mask = padding_mask(1, sq, sk, "cuda")
+            if mask_kind == "per_head":
+                mask = torch.rand(1, heads, sq, sk, device="cuda") < 0.3
+                mask[0, 2, 1] = True
+                mask[0, 5, sq - 1] = True
+            y = ops().scaled_masked_softmax_forward(x, mask, 0.6)
+            check(y, reference(x, 0.6, mask.expand_as(x)), TOL[dtype])
+            if mask_kind == "per_head":
+                assert (y[0, 2, 1] == 0).all() and (y[0, 5, sq - 1] == 0).all()
+            else:
+                assert (y[0, :, 0] == 0).all()
+            del mask
+        assert (y[0, 3, 2] == 0).all()
+        del x, y
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_causal_row_kernel_many_rows_per_block(dtype):
     """Causal rows long enough for the row kernel (strided over the blocks, each block taking many
     rows of growing length; a cluster where the row exceeds one block)."""
