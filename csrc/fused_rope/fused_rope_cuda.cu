@@ -11,7 +11,7 @@
 //  - one sincosf per angle instead of cosf + sinf (one range reduction instead of two; sincosf gives
 //    the bits of cosf and sinf, same reduction and polynomials in the PTX), and one per pair whose two
 //    dims have the same angle bits (the usual cat(f, f) and repeat_interleave(f, 2) tables);
-//  - 16-bit data on the vector path takes cheap trig (fast_sincos: Cody-Waite by 2 pi, then the
+//  - 16-bit data takes cheap trig (fast_sincos: Cody-Waite by 2 pi, then the
 //    special-function unit's __sincosf, ~7 instructions an angle against sincosf's ~40 and its inlined
 //    Payne-Hanek path), within 7e-7 of the true cos/sin up to 2^21 radians, sincosf past that. The
 //    composite rounds cos/sin to the 16-bit dtype anyway, so such a cos/sin can at most round to the
@@ -22,8 +22,9 @@
 //    the fewest heads to amortise a token's trig, gains the most: 80.8 / 81.5 -> 84.8 / 85.6%).
 //    A thread per (token, head, unit) instead (60 or 40 registers, 50-75% occupancy, the same fast
 //    trig) reached only 57-70%: it recomputes the trig for every head and has fewer bytes per thread
-//    in flight. float32 data keeps sincosf (its results are held to 1e-5 of the composite), and so
-//    does the scalar path (layouts that cannot take 16-byte vectors; not measured);
+//    in flight. The scalar path (layouts that cannot take 16-byte vectors) takes the same trig, so a
+//    tensor's results don't depend on its alignment. float32 data keeps sincosf (its results are held
+//    to 1e-5 of the composite);
 //  - per-token index work is additions: (i0, i1) advances by a precomputed quotient and remainder,
 //    units and dims are 32-bit ints, no division per element (64-bit offsets for the pointers only,
 //    so >2^31-element tensors still work);
@@ -315,7 +316,7 @@ C10_DEVICE C10_ALWAYS_INLINE void fast_angle_coefficients(const float (&a)[kVec]
 // interleaved: 2 * kVec adjacent columns, a at the even ones). Angle tables take one sincosf per
 // angle, and one per pair whose two angles are the same bits (equal inputs give equal outputs, so
 // only the work changes: the usual tables, cat(f, f) and repeat_interleave(f, 2), are all such pairs).
-// kFastTrig (16-bit data on the vector path): fast_sincos where the unit's angles allow it.
+// kFastTrig (16-bit data): fast_sincos where the unit's angles allow it.
 template <class T, int kVec, bool kInterleaved, bool kFastTrig>
 C10_DEVICE C10_ALWAYS_INLINE void unit_coefficients(const Table& t, bool vectors, int64_t pos, int col_a, int col_b,
                                                     bool backward, Coefficients<T, kVec, kInterleaved>& k) {
@@ -501,7 +502,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(cons
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   int64_t i0 = token / a.outer1, i1 = token - i0 * a.outer1;  // divisions once per thread
   const int64_t step0 = step / a.outer1, step1 = step - step0 * a.outer1;
-  constexpr bool kFastTrig = sizeof(T) == 2 && kVec > 1;  // 16-bit data on the vector path (file comment)
+  constexpr bool kFastTrig = sizeof(T) == 2;  // 16-bit data (file comment)
 
   for (; token < tokens; token += step) {
     const TokenPositions where = positions_of(a, plan.tokens32, i0, i1);

@@ -468,7 +468,7 @@ def test_angles_past_the_fast_trig_range_on_gpu(dtype, interleaved):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_16bit_kernel_edges_on_gpu(dtype):
     """Shapes at the edges of the 16-bit kernels' work split, angles to ~100 radians (fast_sincos on the
-    vector path, sincosf on the scalar one): odd head counts (a last batch of heads in flight part
+    vector path and on the scalar one): odd head counts (a last batch of heads in flight part
     full), pass-through dims of an odd number of vectors, one vector pair of rotary dims, and every
     _memory_variants layout (bshd memory with a batch > 1, heads apart, a sliced head dim, misaligned);
     then empty inputs."""
