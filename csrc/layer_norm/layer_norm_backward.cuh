@@ -22,9 +22,7 @@
 // before it, remains for what backward_fused does not do: the memory-efficient backward (y, not x)
 // and rows whose gamma copy leaves no room in shared memory (backward_typed).
 
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "apex/packed_pairs.cuh"
 #include "layer_norm_cuda.cuh"
@@ -293,38 +291,34 @@ __global__ void APEX_LN_MAX_REGISTERS((backward_registers<T, W, ITEMS, MEMORY_EF
 //   LayerNorm, 4 vectors per thread, prefetching (16384)        1116 -> 680 (34.9 -> 21.3),
 //                                                               112 -> 128 registers (1 block/SM both)
 
-// Launch shapes of backward_fused. kDefault is the one measured in NOTES.md (session 28); the others
-// are candidates for 16-bit rows (T and W both 2 bytes) at 2 vectors per thread, picked by
-// APEX_LN_BWD_VARIANT (backward_shape_variant) until an A/B on the H200 decides:
-// - kTwoRows: each row slot works on two rows at once (both rows' loads in flight, their four sums in
-//   one reduction with one barrier); 80 registers, so 3 blocks of 256 threads per SM instead of 4, but
-//   6 rows in flight per SM instead of 4, and a quarter fewer partial rows.
-// - kRowBarriers: blocks of up to kMaxThreads threads (one per SM at 64 registers, the same warps per
-//   SM as the default's several smaller blocks) whose row slots synchronize on a named barrier each,
-//   not the whole block; one partial row per SM instead of one per 256 threads (2-4x less partial-row
-//   traffic, and a smaller fold).
-// - kWide: rows of more than kBackwardItems * kMaxRegisterRowThreads vectors (16384 bf16 columns) on
-//   up to kMaxThreads threads at 2 vectors each (64 registers, 32 warps per SM) instead of 512 threads
-//   at 4 vectors prefetching the next row (128 registers, 16 warps).
-enum class BackwardShape { kDefault, kTwoRows, kRowBarriers, kWide };
+// Row barriers (backward_fused's ROW_BARRIERS, fused_row_barriers): 16-bit rows (T and W alike) at
+// kBackwardItems vectors per thread (512-8192 bf16 columns) run in blocks of up to kMaxThreads threads
+// (one per SM at 64 registers: the same warps per SM as several 256-thread blocks), whose row slots
+// each synchronize on a named barrier of their own instead of the whole block: 15 slots of 64 threads
+// at 1024 columns, 4 of 256 at 4096, 3 of 320 at 5120, 2 of 512 at 8192. A block writes one partial
+// row per SM instead of one per 256 threads (2-4x less partial-row traffic and a smaller fold), and a
+// slot no longer waits on the others at each row. H200, bf16, fwd+bwd % of copy, before -> after:
+// LayerNorm 16384x4096 83.8 -> 92.3, 8192x5120 81.2 -> 86.2, 8192x8192 86.2 -> 89.3, 32768x1024
+// 85.1 -> 86.0, 4096x16384 (4 vectors per thread, not row barriers) 80.6 both; RMSNorm 8192x5120
+// 86.7 -> 87.8, 8192x8192 90.4 -> 91.1, 32768x1024 86.9 -> 86.7, 16384x4096 91.6 -> 90.7 (noise
+// level). Two other shapes lost in the same A/B (benchmarks/normalization/NOTES.md, session 29): two
+// rows per row slot (80 registers, 3 blocks per SM) and rows over 8192 columns on 1024 threads at
+// 2 vectors each.
 
-// The variant switch (the one place to remove after the A/B): APEX_LN_BWD_VARIANT=tworows|rowbar|wide,
-// read once per process; anything else (or unset) is the default.
-inline BackwardShape backward_shape_variant() {
-  static const BackwardShape shape = [] {
-    const char* name = std::getenv("APEX_LN_BWD_VARIANT");
-    const std::string value = name ? name : "";
-    if (value == "tworows") return BackwardShape::kTwoRows;
-    if (value == "rowbar") return BackwardShape::kRowBarriers;
-    if (value == "wide") return BackwardShape::kWide;
-    return BackwardShape::kDefault;
-  }();
-  return shape;
-}
-
-// Named barriers of a block on sm_90: 16, of which 0 is __syncthreads'; kRowBarriers gives row slot
+// Named barriers of a block on sm_90: 16, of which 0 is __syncthreads'; row barriers give row slot
 // y barrier y + 1, so a block holds at most this many row slots that need one.
 constexpr int kMaxNamedRowBarriers = 15;
+
+// Whether backward_fused takes row barriers for this dtype pair at ITEMS vectors per thread (see
+// above); not on ROCm (bar.sync with a thread count).
+template <typename T, typename W, int ITEMS>
+constexpr bool fused_row_barriers() {
+#if defined(USE_ROCM)
+  return false;
+#else
+  return sizeof(T) == 2 && std::is_same_v<T, W> && ITEMS == kBackwardItems;
+#endif
+}
 
 // Registers backward_fused needs beyond its row data (addresses, the row's statistics and
 // sums, loop state, one chunk's temporaries, and the next row's vector loaded while the current
@@ -345,13 +339,10 @@ constexpr bool fused_can_prefetch() {
   return ITEMS * vector_width<T>() * (sizeof(T) + sizeof(W)) <= kMaxPrefetchSliceBytes;
 }
 
-// Register cap of a backward_fused instance: its row data (twice when prefetching or holding two
-// rows) plus the above. kTwoRows at 2 bf16 vectors: 32 + 48 = 80, the most that keeps 3 blocks of
-// 256 threads on an SM (ptxas: no spills).
-template <typename T, typename W, int ITEMS, bool PREFETCH, BackwardShape S = BackwardShape::kDefault>
+// Register cap of a backward_fused instance: its row data (twice when prefetching) plus the above.
+template <typename T, typename W, int ITEMS, bool PREFETCH>
 constexpr int fused_registers() {
-  constexpr int kSlices = PREFETCH || S == BackwardShape::kTwoRows ? 2 : 1;
-  constexpr int kData = ITEMS * vector_width<T>() * int(sizeof(T) + sizeof(W)) / 4 * kSlices;
+  constexpr int kData = ITEMS * vector_width<T>() * int(sizeof(T) + sizeof(W)) / 4 * (PREFETCH ? 2 : 1);
   constexpr int kExtraVectors = ITEMS > kBackwardItems ? ITEMS - kBackwardItems : 0;
   constexpr int kOverhead =
       PREFETCH ? kFusedPrefetchOverhead : kFusedRegisterOverhead + kFusedRegistersPerExtraVector * kExtraVectors;
@@ -393,8 +384,7 @@ __device__ __forceinline__ void unpack_chunk(const PackedVector<T, V>& packed, i
 // reading it.
 //
 // NAMED: the row slot's threads synchronize on named barrier threadIdx.y + 1 (row_barrier), not the
-// whole block. MAX_WARPS: the most warps a row spans; beyond half a warp of them, each lane folds two
-// of the warps' totals.
+// whole block.
 template <bool NAMED>
 __device__ __forceinline__ void row_barrier() {
 #if !defined(USE_ROCM)
@@ -406,10 +396,10 @@ __device__ __forceinline__ void row_barrier() {
   __syncthreads();
 }
 
-template <bool WHOLE_WARPS, bool NAMED = false, int MAX_WARPS = kMaxRegisterRowThreads / C10_WARP_SIZE>
+template <bool WHOLE_WARPS, bool NAMED = false>
 __device__ __forceinline__ void row_sum2(float& s0, float& s1, float* buffer /* this row's of the two */) {
   constexpr int kWarp = C10_WARP_SIZE;
-  static_assert(MAX_WARPS * 2 <= 2 * kWarp, "two values per warp in two per lane");
+  static_assert(kMaxRegisterRowThreads / kWarp * 2 <= kWarp, "two values per warp in one warp");
   const int width = WHOLE_WARPS ? kWarp : (blockDim.x < kWarp ? blockDim.x : kWarp);
   if (!WHOLE_WARPS && width == 1) return;
   const int half = width / 2;
@@ -439,9 +429,6 @@ __device__ __forceinline__ void row_sum2(float& s0, float& s1, float* buffer /* 
   if ((lane & (half - 1)) == 0) row_scratch[(threadIdx.x / kWarp) * 2 + (upper ? 1 : 0)] = keep;
   row_barrier<NAMED>();
   float v = lane < 2 * warps ? row_scratch[lane] : 0.0f;
-  if constexpr (MAX_WARPS * 2 > kWarp) {
-    if (lane + kWarp < 2 * warps) v += row_scratch[lane + kWarp];  // kWarp is even: same sum k
-  }
 #pragma unroll
   for (int offset = kWarp / 2; offset > 1; offset /= 2) v += shuffle_xor(v, offset);
 #if defined(USE_ROCM)
@@ -451,51 +438,6 @@ __device__ __forceinline__ void row_sum2(float& s0, float& s1, float* buffer /* 
   s0 = __shfl_sync(0xffffffffu, v, 0);
   s1 = __shfl_sync(0xffffffffu, v, 1);
 #endif
-}
-
-// `v` of lane `lane` of the warp.
-__device__ __forceinline__ float shuffle_from(float v, int lane) {
-#if defined(USE_ROCM)
-  return __shfl(v, lane);
-#else
-  return __shfl_sync(0xffffffffu, v, lane);
-#endif
-}
-
-// row_sum2 for two rows at once (kTwoRows): a0, a1 of one row and b0, b1 of the other, summed over
-// the blockDim.x threads of the row slot (a multiple of the warp), with one barrier. Two transposing
-// steps leave each quarter of a warp with one of the four (lanes 8q..8q+7: value q of a0, a1, b0, b1),
-// three steps of one shuffle finish the warp; the warps' totals (4 per warp, up to 16 warps: two per
-// lane) fold in shuffles that keep the lane's value index (lane % 4). Same double buffer as row_sum2.
-template <bool NAMED>
-__device__ __forceinline__ void row_sum4(float& a0, float& a1, float& b0, float& b1, float* buffer) {
-  constexpr int kWarp = C10_WARP_SIZE;
-  static_assert(kWarp == 32, "the quarter-warp steps assume 32 lanes");
-  static_assert(kMaxRegisterRowThreads / kWarp * 4 <= 2 * kWarp, "four values per warp in two per lane");
-  const int lane = threadIdx.x % kWarp;
-  const bool upper = (lane & 16) != 0, odd = (lane & 8) != 0;
-  float keep0 = upper ? b0 : a0, keep1 = upper ? b1 : a1;
-  keep0 += shuffle_xor(upper ? a0 : b0, 16);
-  keep1 += shuffle_xor(upper ? a1 : b1, 16);
-  float keep = odd ? keep1 : keep0;
-  keep += shuffle_xor(odd ? keep0 : keep1, 8);
-#pragma unroll
-  for (int offset = 4; offset > 0; offset /= 2) keep += shuffle_xor(keep, offset);
-  float v = keep;
-  if (blockDim.x > kWarp) {
-    const int warps = blockDim.x / kWarp;
-    float* const row_scratch = buffer + threadIdx.y * 4 * warps;
-    if ((lane & 7) == 0) row_scratch[(threadIdx.x / kWarp) * 4 + lane / 8] = keep;
-    row_barrier<NAMED>();
-    v = lane < 4 * warps ? row_scratch[lane] : 0.0f;
-    if (lane + kWarp < 4 * warps) v += row_scratch[lane + kWarp];
-#pragma unroll
-    for (int offset = kWarp / 2; offset > 2; offset /= 2) v += shuffle_xor(v, offset);
-    // lane q (0..3) now holds value q
-    a0 = shuffle_from(v, 0), a1 = shuffle_from(v, 1), b0 = shuffle_from(v, 2), b1 = shuffle_from(v, 3);
-    return;
-  }
-  a0 = shuffle_from(v, 0), a1 = shuffle_from(v, 8), b0 = shuffle_from(v, 16), b1 = shuffle_from(v, 24);
 }
 
 // float4 chunks of one row slot's accumulators (and of the shared gamma copy) in backward_fused:
@@ -516,12 +458,11 @@ inline int64_t fused_region_chunks(int items, int threads_per_row) {
 // PREFETCH loads the thread's next row before working on the current one (two row slices in
 // registers, processed in turn, no copies between them); without it a thread reloads each vector
 // as soon as its dx is written. x_or_y holds x (never the memory-efficient y).
-//
-// S (BackwardShape) picks one of the candidate launch shapes: kTwoRows keeps two rows per row slot
-// in flight (a second Slice) and reduces them together; kRowBarriers synchronizes each row slot on
-// its own named barrier; kWide lets a row span up to kMaxThreads threads.
-template <typename T, typename W, int ITEMS, bool RMS, bool PREFETCH, BackwardShape S = BackwardShape::kDefault>
-__global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH, S>()))
+// ROW_BARRIERS: each row slot synchronizes on a named barrier of its own (row_sum2), so that a block
+// may hold up to kMaxThreads threads of row slots (see "Row barriers" above); without it row_sum2
+// synchronizes the whole block.
+template <typename T, typename W, int ITEMS, bool RMS, bool PREFETCH, bool ROW_BARRIERS = false>
+__global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>()))
     backward_fused(BackwardParams<T, W> p) {
   static_assert(std::is_same_v<Acc<T>, float>, "16-bit and float32 data");
   using Slice = RowSlice<T, W, ITEMS>;
@@ -534,11 +475,7 @@ __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH, S>
   // * 2^-24, is far below the input's own (|x| * invvar * 2^-8 for bf16, 2^-11 for fp16); for fp32
   // data it is not, so fp32 keeps (x - mean) * invvar.
   constexpr bool kShiftForm = sizeof(T) == 2;
-  constexpr int kRows = S == BackwardShape::kTwoRows ? 2 : 1;  // rows in flight per row slot
-  static_assert(kRows == 1 || !PREFETCH, "two rows or prefetch, not both");
-  constexpr bool kNamedBarriers = S == BackwardShape::kRowBarriers;
-  constexpr int kMaxRowWarps = (S == BackwardShape::kWide ? kMaxThreads : kMaxRegisterRowThreads) / C10_WARP_SIZE;
-  __shared__ float scratch[2][kRows * 2 * kMaxWarps];  // row_sum2 (row_sum4 for two rows)
+  __shared__ float scratch[2][2 * kMaxWarps];  // row_sum2's two buffers
   extern __shared__ __align__(16) unsigned char fused_shared_bytes[];
   float4* const shared = reinterpret_cast<float4*>(fused_shared_bytes);
 
@@ -727,34 +664,16 @@ __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH, S>
       const Normalizer normalized = normalizer(s);
       float s0 = 0.f, s1 = 0.f;  // of gamma * dy and of gamma * dy * xhat
       if (live) sums(s, normalized, s0, s1);
-      row_sum2<kWholeWarps, kNamedBarriers, kMaxRowWarps>(s0, s1, scratch[parity]);
+      row_sum2<kWholeWarps, ROW_BARRIERS>(s0, s1, scratch[parity]);
       if (live) finish(s, normalized, x_row, s0, s1, row + stride, x_row + row_step);
       reload_statistics(s, row + stride);
     };
 
-    // Every block runs the same number of iterations: row_sum2 synchronizes the whole block (or,
-    // with named barriers, each row slot).
+    // Every block runs the same number of iterations: row_sum2 synchronizes the whole block (with
+    // ROW_BARRIERS, each row slot).
     int64_t row = first_row;
     const char* x_row = first_x;
-    if constexpr (kRows == 2) {
-      // Rows row and row + stride together; a and b then hold the pair stride * 2 on.
-      Slice a{}, b{};  // zeros: see sums()
-      load(row, x_row, a);
-      load(row + stride, x_row + row_step, b);
-      for (int parity = 0; first < p.rows;
-           first += 2 * stride, row += 2 * stride, x_row += 2 * row_step, parity ^= 1) {
-        const bool live_a = row < p.rows, live_b = row + stride < p.rows;
-        const Normalizer normalized_a = normalizer(a), normalized_b = normalizer(b);
-        float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
-        if (live_a) sums(a, normalized_a, a0, a1);
-        if (live_b) sums(b, normalized_b, b0, b1);
-        row_sum4<kNamedBarriers>(a0, a1, b0, b1, scratch[parity]);
-        if (live_a) finish(a, normalized_a, x_row, a0, a1, row + 2 * stride, x_row + 2 * row_step);
-        if (live_b) finish(b, normalized_b, x_row + row_step, b0, b1, row + 3 * stride, x_row + 3 * row_step);
-        reload_statistics(a, row + 2 * stride);
-        reload_statistics(b, row + 3 * stride);
-      }
-    } else if constexpr (PREFETCH) {
+    if constexpr (PREFETCH) {
       Slice a{}, b{};  // zeros: see sums()
       load(row, x_row, a);
       while (first < p.rows) {
@@ -953,69 +872,16 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
                                             device.device);
       };
       // The persistent grid: as many blocks as are resident at once, at most one per block of rows
-      // (threads.y row slots of rows_per_slot rows each).
-      const auto launch = [&](auto kernel, size_t shared, dim3 threads, int rows_per_slot) {
-        const int64_t rows_per_block = int64_t(threads.y) * rows_per_slot;
-        const int64_t row_blocks = (a.rows + rows_per_block - 1) / rows_per_block;
+      // (threads.y row slots).
+      const auto launch = [&](auto kernel, size_t shared, dim3 threads) {
+        const int64_t row_blocks = (a.rows + threads.y - 1) / threads.y;
         const int64_t blocks = std::min<int64_t>(row_blocks, int64_t(resident(kernel, threads, shared)) * limits.sms);
         allocate_parts(blocks);
         kernel<<<blocks, threads, shared, stream>>>(p);
       };
       // What a launch may ask for beyond the dynamic shared memory: the kernels' static scratch.
       const auto fits = [&](size_t shared) { return shared + 1024 <= limits.shared_per_block_optin; };
-
-      // The candidate launch shapes (BackwardShape, APEX_LN_BWD_VARIANT) for 16-bit rows at
-      // kBackwardItems vectors per thread; whether one was launched. Removed with the switch.
-      const auto launched_variant = [&]() -> bool {
-#if !defined(USE_ROCM)  // named barriers and 32-lane steps
-        if constexpr (sizeof(T) == 2 && std::is_same_v<T, W>) {
-          const BackwardShape shape = a.memory_efficient ? BackwardShape::kDefault : backward_shape_variant();
-          const int64_t vecs = a.cols / V;
-          const auto region = [&](int threads) {
-            return sizeof(float4) * fused_region_chunks<T>(kBackwardItems, threads);
-          };
-          if (shape == BackwardShape::kWide) {
-            if (vecs <= int64_t(kBackwardItems) * kMaxRegisterRowThreads) return false;
-            const std::optional<RowLayout> wide =
-                register_layout(vecs, limits.warp_size, kMaxThreads, kBackwardItems, kBackwardItems);
-            if (!wide) return false;
-            const size_t shared = region(wide->threads_per_row) * (accumulators + 1);
-            const auto kernel = backward_fused<T, W, kBackwardItems, RMS, false, BackwardShape::kWide>;
-            const dim3 threads(wide->threads_per_row, 1);
-            if (!fits(shared) || resident(kernel, threads, shared) == 0) return false;
-            launch(kernel, shared, threads, 1);
-            return true;
-          }
-          if (layout->items != kBackwardItems) return false;
-          const int threads = layout->threads_per_row;
-          if (shape == BackwardShape::kTwoRows) {
-            // Only where it puts more rows in flight on an SM than the default (3 blocks of 256
-            // threads at 80 registers hold 6, 4 blocks at 64 hold 4; 512-thread rows: 2 either way).
-            const size_t shared = region(threads) * (layout->rows_per_block * accumulators + 1);
-            if (!fits(shared)) return false;
-            const auto one = backward_fused<T, W, kBackwardItems, RMS, false>;
-            const auto two = backward_fused<T, W, kBackwardItems, RMS, false, BackwardShape::kTwoRows>;
-            if (2 * resident(two, block, shared) <= resident(one, block, shared)) return false;
-            launch(two, shared, block, 2);
-            return true;
-          }
-          if (shape == BackwardShape::kRowBarriers) {
-            // As many row slots as kMaxThreads threads hold (a named barrier each where a row spans
-            // several warps) and shared memory takes.
-            int slots = kMaxThreads / threads;
-            if (threads > limits.warp_size) slots = std::min(slots, kMaxNamedRowBarriers);
-            while (slots > 1 && !fits(region(threads) * (slots * accumulators + 1))) --slots;
-            const size_t shared = region(threads) * (slots * accumulators + 1);
-            const auto kernel = backward_fused<T, W, kBackwardItems, RMS, false, BackwardShape::kRowBarriers>;
-            if (!fits(shared) || resident(kernel, dim3(threads, slots), shared) == 0) return false;
-            launch(kernel, shared, dim3(threads, slots), 1);
-            return true;
-          }
-        }
-#endif
-        return false;
-      };
-      if (!launched_variant()) dispatch_items(layout->items, [&](auto items) {
+      dispatch_items(layout->items, [&](auto items) {
         constexpr int kItems = std::min(decltype(items)::value, kMaxBackwardElements / V);
         // backward_fused, except where it does not apply; those take backward_in_registers below:
         // - memory_efficient: x_or_y holds y, and xhat = (y - beta) / gamma needs beta and a
@@ -1028,6 +894,19 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
           const auto prefetching = backward_fused<T, W, kItems, RMS, kPrefetch>;
           // The gamma copy, then the accumulators, in chunks of whole threads (fused_region_chunks).
           const size_t region = sizeof(float4) * fused_region_chunks<T>(kItems, layout->threads_per_row);
+          if constexpr (fused_row_barriers<T, W, kItems>()) {
+            // Row barriers: as many row slots as kMaxThreads threads hold (at most one per named
+            // barrier where a row spans several warps) and shared memory takes.
+            const int threads = layout->threads_per_row;
+            int slots = kMaxThreads / threads;
+            if (threads > limits.warp_size) slots = std::min(slots, kMaxNamedRowBarriers);
+            while (slots > 1 && !fits(region * (slots * accumulators + 1))) --slots;
+            const size_t shared = region * (slots * accumulators + 1);
+            const auto kernel = backward_fused<T, W, kItems, RMS, false, true>;
+            if (fits(shared) && resident(kernel, dim3(threads, slots), shared) > 0) {
+              return launch(kernel, shared, dim3(threads, slots));
+            }
+          }
           const size_t with_gamma = region * (layout->rows_per_block * accumulators + 1);
           if (fits(with_gamma)) {
             // Prefetching holds a second row slice in registers. It is used where one block fills
@@ -1037,8 +916,8 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
             const bool prefetch =
                 kPrefetch && cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(plain), block.x * block.y,
                                                           with_gamma, device.device) == 1;
-            if (prefetch) return launch(prefetching, with_gamma, block, 1);
-            return launch(plain, with_gamma, block, 1);
+            if (prefetch) return launch(prefetching, with_gamma, block);
+            return launch(plain, with_gamma, block);
           }
         }
         dispatch_bool(a.memory_efficient, [&](auto memory_efficient) {
@@ -1048,9 +927,9 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
           constexpr bool kCanPrefetch = !kMemoryEfficient && kItems > kBackwardItems &&
                                         kItems * V * (sizeof(T) + sizeof(W)) <= kMaxPrefetchSliceBytes;
           if (kCanPrefetch && one_block_per_sm) {
-            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, kCanPrefetch>, smem, block, 1);
+            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, kCanPrefetch>, smem, block);
           } else {
-            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, false>, smem, block, 1);
+            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, false>, smem, block);
           }
         });
       });
