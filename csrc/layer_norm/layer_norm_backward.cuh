@@ -291,6 +291,35 @@ __global__ void APEX_LN_MAX_REGISTERS((backward_registers<T, W, ITEMS, MEMORY_EF
 //   LayerNorm, 4 vectors per thread, prefetching (16384)        1116 -> 680 (34.9 -> 21.3),
 //                                                               112 -> 128 registers (1 block/SM both)
 
+// Row barriers (backward_fused's ROW_BARRIERS, fused_row_barriers): 16-bit rows (T and W alike) at
+// kBackwardItems vectors per thread (512-8192 bf16 columns) run in blocks of up to kMaxThreads threads
+// (one per SM at 64 registers: the same warps per SM as several 256-thread blocks), whose row slots
+// each synchronize on a named barrier of their own instead of the whole block: 15 slots of 64 threads
+// at 1024 columns, 4 of 256 at 4096, 3 of 320 at 5120, 2 of 512 at 8192. A block writes one partial
+// row per SM instead of one per 256 threads (2-4x less partial-row traffic and a smaller fold), and a
+// slot no longer waits on the others at each row. H200, bf16, fwd+bwd % of copy, before -> after:
+// LayerNorm 16384x4096 83.8 -> 92.3, 8192x5120 81.2 -> 86.2, 8192x8192 86.2 -> 89.3, 32768x1024
+// 85.1 -> 86.0, 4096x16384 (4 vectors per thread, not row barriers) 80.6 both; RMSNorm 8192x5120
+// 86.7 -> 87.8, 8192x8192 90.4 -> 91.1, 32768x1024 86.9 -> 86.7, 16384x4096 91.6 -> 90.7 (noise
+// level). Two other shapes lost in the same A/B (benchmarks/normalization/NOTES.md, session 29): two
+// rows per row slot (80 registers, 3 blocks per SM) and rows over 8192 columns on 1024 threads at
+// 2 vectors each.
+
+// Named barriers of a block on sm_90: 16, of which 0 is __syncthreads'; row barriers give row slot
+// y barrier y + 1, so a block holds at most this many row slots that need one.
+constexpr int kMaxNamedRowBarriers = 15;
+
+// Whether backward_fused takes row barriers for this dtype pair at ITEMS vectors per thread (see
+// above); not on ROCm (bar.sync with a thread count).
+template <typename T, typename W, int ITEMS>
+constexpr bool fused_row_barriers() {
+#if defined(USE_ROCM)
+  return false;
+#else
+  return sizeof(T) == 2 && std::is_same_v<T, W> && ITEMS == kBackwardItems;
+#endif
+}
+
 // Registers backward_fused needs beyond its row data (addresses, the row's statistics and
 // sums, loop state, one chunk's temporaries, and the next row's vector loaded while the current
 // row's last one is worked on): the least that keeps ptxas -v free of spills (sm_90, CUDA 13) at
@@ -349,12 +378,26 @@ __device__ __forceinline__ void unpack_chunk(const PackedVector<T, V>& packed, i
 // halves, so that the lower half of each row-in-a-warp carries s0 and the upper half s1, and the
 // remaining steps shuffle one value instead of two (a full warp: 2 selects + 5 shuffles and adds,
 // not 10 of each); the warps' totals are read as one value per lane (lane 2w + k: sum k of warp w)
-// and folded in 4 steps. `scratch` alternates between two buffers from one row to the next (the
-// caller passes `parity`), so one barrier per row suffices: a buffer is written again only two
+// and folded in 4 steps. The caller alternates between two scratch buffers from one row to the next
+// (`buffer`: one of them), so one barrier per row suffices: a buffer is written again only two
 // rows later, after every thread has passed the barrier of the row between, hence has finished
 // reading it.
-template <bool WHOLE_WARPS>
-__device__ __forceinline__ void row_sum2(float& s0, float& s1, float (*scratch)[2 * kMaxWarps], int parity) {
+//
+// NAMED: the row slot's threads synchronize on named barrier threadIdx.y + 1 (row_barrier), not the
+// whole block.
+template <bool NAMED>
+__device__ __forceinline__ void row_barrier() {
+#if !defined(USE_ROCM)
+  if constexpr (NAMED) {
+    asm volatile("bar.sync %0, %1;" ::"r"(threadIdx.y + 1), "r"(blockDim.x) : "memory");
+    return;
+  }
+#endif
+  __syncthreads();
+}
+
+template <bool WHOLE_WARPS, bool NAMED = false>
+__device__ __forceinline__ void row_sum2(float& s0, float& s1, float* buffer /* this row's of the two */) {
   constexpr int kWarp = C10_WARP_SIZE;
   static_assert(kMaxRegisterRowThreads / kWarp * 2 <= kWarp, "two values per warp in one warp");
   const int width = WHOLE_WARPS ? kWarp : (blockDim.x < kWarp ? blockDim.x : kWarp);
@@ -382,9 +425,9 @@ __device__ __forceinline__ void row_sum2(float& s0, float& s1, float (*scratch)[
   // Several warps per row (blockDim.x a multiple of the warp): lanes 0 and half hold the warp's s0, s1.
   const int lane = threadIdx.x % kWarp;
   const int warps = blockDim.x / kWarp;
-  float* const row_scratch = scratch[parity] + threadIdx.y * 2 * warps;
+  float* const row_scratch = buffer + threadIdx.y * 2 * warps;
   if ((lane & (half - 1)) == 0) row_scratch[(threadIdx.x / kWarp) * 2 + (upper ? 1 : 0)] = keep;
-  __syncthreads();
+  row_barrier<NAMED>();
   float v = lane < 2 * warps ? row_scratch[lane] : 0.0f;
 #pragma unroll
   for (int offset = kWarp / 2; offset > 1; offset /= 2) v += shuffle_xor(v, offset);
@@ -415,7 +458,10 @@ inline int64_t fused_region_chunks(int items, int threads_per_row) {
 // PREFETCH loads the thread's next row before working on the current one (two row slices in
 // registers, processed in turn, no copies between them); without it a thread reloads each vector
 // as soon as its dx is written. x_or_y holds x (never the memory-efficient y).
-template <typename T, typename W, int ITEMS, bool RMS, bool PREFETCH>
+// ROW_BARRIERS: each row slot synchronizes on a named barrier of its own (row_sum2), so that a block
+// may hold up to kMaxThreads threads of row slots (see "Row barriers" above); without it row_sum2
+// synchronizes the whole block.
+template <typename T, typename W, int ITEMS, bool RMS, bool PREFETCH, bool ROW_BARRIERS = false>
 __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>()))
     backward_fused(BackwardParams<T, W> p) {
   static_assert(std::is_same_v<Acc<T>, float>, "16-bit and float32 data");
@@ -429,7 +475,7 @@ __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>())
   // * 2^-24, is far below the input's own (|x| * invvar * 2^-8 for bf16, 2^-11 for fp16); for fp32
   // data it is not, so fp32 keeps (x - mean) * invvar.
   constexpr bool kShiftForm = sizeof(T) == 2;
-  __shared__ float scratch[2][2 * kMaxWarps];
+  __shared__ float scratch[2][2 * kMaxWarps];  // row_sum2's two buffers
   extern __shared__ __align__(16) unsigned char fused_shared_bytes[];
   float4* const shared = reinterpret_cast<float4*>(fused_shared_bytes);
 
@@ -518,103 +564,117 @@ __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>())
   // about the absent ones is computed per element).
   const auto rows = [&](auto dgamma_wanted, auto dbeta_wanted) {
     constexpr bool kDgamma = decltype(dgamma_wanted)::value, kDbeta = decltype(dbeta_wanted)::value;
-    // One row: sums, reduction, dx and the parameter-grad terms. Without PREFETCH it also reloads
-    // `s` with the next row, vector by vector as each is done.
-    const auto process = [&](Slice& s, int64_t row, const char* x_row, int parity) {
-      const bool live = row < p.rows;
-      const float invvar = s.invvar;
-      const float mean = s.mean;
-      const float shift = -mean * invvar;
-      const auto normalized = [&](float x) {
+    // A row's statistics and its xhat (from the raw x).
+    struct Normalizer {
+      float invvar, mean, shift;
+      __device__ __forceinline__ float operator()(float x) const {
         if constexpr (RMS) return x * invvar;
         if constexpr (kShiftForm) return fmaf(x, invvar, shift);
         return (x - mean) * invvar;
-      };
+      }
+    };
+    const auto normalizer = [](const Slice& s) { return Normalizer{s.invvar, s.mean, -s.mean * s.invvar}; };
 
-      // Both passes work on every vector of the slice, owned or not: a vector past the row end is
-      // never loaded and stays zero (the slice starts zeroed), so it adds 0 to the sums and to its
-      // (unused) accumulator chunks; only its dx store is skipped. A branch per vector and pass,
-      // with its convergence barrier, cost more than that. A row past the end (the last iteration of
-      // some row slots) skips both passes: its data is a stale row's.
-      float s0 = 0.f, s1 = 0.f;  // of gamma * dy and of gamma * dy * xhat
-      if (live) {
+    // Pass 1 of a live row: its thread's parts of the sums of gamma * dy and of gamma * dy * xhat.
+    // Both passes work on every vector of the slice, owned or not: a vector past the row end is
+    // never loaded and stays zero (the slice starts zeroed), so it adds 0 to the sums and to its
+    // (unused) accumulator chunks; only its dx store is skipped. A branch per vector and pass,
+    // with its convergence barrier, cost more than that. A row past the end (the last iteration of
+    // some row slots) skips both passes: its data is a stale row's.
+    const auto sums = [&](const Slice& s, const Normalizer& normalized, float& s0, float& s1) {
 #pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
+      for (int k = 0; k < ITEMS; ++k) {
 #pragma unroll
-          for (int h = 0; h < kChunks; ++h) {
-            float g[4], x[4], d[4];
-            gamma_chunk(k, h, g);
-            unpack_chunk(s.x[k], h, x);
-            unpack_chunk(s.dy[k], h, d);
+        for (int h = 0; h < kChunks; ++h) {
+          float g[4], x[4], d[4];
+          gamma_chunk(k, h, g);
+          unpack_chunk(s.x[k], h, x);
+          unpack_chunk(s.dy[k], h, d);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float gdy = g[i] * d[i];
-              s0 += gdy;
-              s1 = fmaf(gdy, normalized(x[i]), s1);
-            }
+          for (int i = 0; i < 4; ++i) {
+            const float gdy = g[i] * d[i];
+            s0 += gdy;
+            s1 = fmaf(gdy, normalized(x[i]), s1);
           }
         }
       }
-      row_sum2<kWholeWarps>(s0, s1, scratch, parity);
+    };
+
+    // Pass 2 of a live row, given the row's totals s0, s1: dx and the parameter-grad terms. Without
+    // PREFETCH it also reloads `s` with the vectors of row `next` (x at next_x) as each is done; the
+    // caller reloads the statistics (reload_statistics).
+    const auto finish = [&](Slice& s, const Normalizer& normalized, const char* x_row, float s0, float s1,
+                            int64_t next, const char* next_x) {
+      const float invvar = normalized.invvar;
       // dx = invvar * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat)) = fma(g*dy, invvar, fma(xhat, c2, c1)).
       const float c2 = -invvar * (s1 * p.inv_cols);
       const float c1 = RMS ? 0.f : -invvar * (s0 * p.inv_cols);
-
-      const int64_t next = row + stride;
-      const char* const next_x = x_row + row_step;
       const char* const dx_row = x_row + dx_distance;
-      if (live) {
 #pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-          // Unpack again rather than keep pass 1's floats live across the reduction.
-          s.x[k].unpack_again_after_this();
-          s.dy[k].unpack_again_after_this();
-          AlignedVector<uint32_t, V * int(sizeof(T)) / 4> out;  // dx as stored
+      for (int k = 0; k < ITEMS; ++k) {
+        // Unpack again rather than keep pass 1's floats live across the reduction.
+        s.x[k].unpack_again_after_this();
+        s.dy[k].unpack_again_after_this();
+        AlignedVector<uint32_t, V * int(sizeof(T)) / 4> out;  // dx as stored
 #pragma unroll
-          for (int h = 0; h < kChunks; ++h) {
-            float g[4], x[4], d[4], dx[4];
-            gamma_chunk(k, h, g);
-            unpack_chunk(s.x[k], h, x);
-            unpack_chunk(s.dy[k], h, d);
-            const int chunk = (k * kChunks + h) * blockDim.x;
-            float4 dgamma, dbeta;
-            if constexpr (kDgamma) dgamma = my_dgamma[chunk];
-            if constexpr (kDbeta) dbeta = my_dbeta[chunk];
+        for (int h = 0; h < kChunks; ++h) {
+          float g[4], x[4], d[4], dx[4];
+          gamma_chunk(k, h, g);
+          unpack_chunk(s.x[k], h, x);
+          unpack_chunk(s.dy[k], h, d);
+          const int chunk = (k * kChunks + h) * blockDim.x;
+          float4 dgamma, dbeta;
+          if constexpr (kDgamma) dgamma = my_dgamma[chunk];
+          if constexpr (kDbeta) dbeta = my_dbeta[chunk];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float xhat = normalized(x[i]);
-              dx[i] = fmaf(g[i] * d[i], invvar, fmaf(xhat, c2, c1));
-              if constexpr (kDgamma) (&dgamma.x)[i] = fmaf(d[i], xhat, (&dgamma.x)[i]);
-              if constexpr (kDbeta) (&dbeta.x)[i] += d[i];
-            }
-            if constexpr (kDgamma) my_dgamma[chunk] = dgamma;
-            if constexpr (kDbeta) my_dbeta[chunk] = dbeta;
-            if constexpr (sizeof(T) == 2) {
-              out.value[2 * h] = pack_pair<T>(dx[0], dx[1]);
-              out.value[2 * h + 1] = pack_pair<T>(dx[2], dx[3]);
-            } else {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) out.value[4 * h + i] = __float_as_uint(dx[i]);
-            }
+          for (int i = 0; i < 4; ++i) {
+            const float xhat = normalized(x[i]);
+            dx[i] = fmaf(g[i] * d[i], invvar, fmaf(xhat, c2, c1));
+            if constexpr (kDgamma) (&dgamma.x)[i] = fmaf(d[i], xhat, (&dgamma.x)[i]);
+            if constexpr (kDbeta) (&dbeta.x)[i] += d[i];
           }
-          if (owns(k)) *reinterpret_cast<decltype(out)*>(const_cast<char*>(dx_row + k * vector_step)) = out;
-          // The next row's vector k as soon as this one is done with it (a row past the end has
-          // no next row, so nothing is lost by skipping this for it).
-          if constexpr (!PREFETCH) {
-            if (next < p.rows && owns(k)) load_vector_k(next_x, k, s);
+          if constexpr (kDgamma) my_dgamma[chunk] = dgamma;
+          if constexpr (kDbeta) my_dbeta[chunk] = dbeta;
+          if constexpr (sizeof(T) == 2) {
+            out.value[2 * h] = pack_pair<T>(dx[0], dx[1]);
+            out.value[2 * h + 1] = pack_pair<T>(dx[2], dx[3]);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) out.value[4 * h + i] = __float_as_uint(dx[i]);
           }
         }
+        if (owns(k)) *reinterpret_cast<decltype(out)*>(const_cast<char*>(dx_row + k * vector_step)) = out;
+        // The next row's vector k as soon as this one is done with it (a row past the end has
+        // no next row, so nothing is lost by skipping this for it).
+        if constexpr (!PREFETCH) {
+          if (next < p.rows && owns(k)) load_vector_k(next_x, k, s);
+        }
       }
+    };
+    const auto reload_statistics = [&](Slice& s, int64_t next) {
       if constexpr (!PREFETCH) {
         if (next < p.rows) load_statistics(next, s);
       }
     };
 
-    // Every block runs the same number of iterations: row_sum2 synchronizes the whole block.
+    // One row: sums, reduction, dx and the parameter-grad terms; `s` then holds row + stride
+    // (without PREFETCH).
+    const auto process = [&](Slice& s, int64_t row, const char* x_row, int parity) {
+      const bool live = row < p.rows;
+      const Normalizer normalized = normalizer(s);
+      float s0 = 0.f, s1 = 0.f;  // of gamma * dy and of gamma * dy * xhat
+      if (live) sums(s, normalized, s0, s1);
+      row_sum2<kWholeWarps, ROW_BARRIERS>(s0, s1, scratch[parity]);
+      if (live) finish(s, normalized, x_row, s0, s1, row + stride, x_row + row_step);
+      reload_statistics(s, row + stride);
+    };
+
+    // Every block runs the same number of iterations: row_sum2 synchronizes the whole block (with
+    // ROW_BARRIERS, each row slot).
     int64_t row = first_row;
     const char* x_row = first_x;
     if constexpr (PREFETCH) {
-      Slice a{}, b{};  // zeros: see process()
+      Slice a{}, b{};  // zeros: see sums()
       load(row, x_row, a);
       while (first < p.rows) {
         load(row + stride, x_row + row_step, b);
@@ -626,7 +686,7 @@ __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>())
         first += stride, row += stride, x_row += row_step;
       }
     } else {
-      Slice s{};  // zeros: see process()
+      Slice s{};  // zeros: see sums()
       load(row, x_row, s);
       for (int parity = 0; first < p.rows; first += stride, row += stride, x_row += row_step, parity ^= 1) {
         process(s, row, x_row, parity);
@@ -807,14 +867,17 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
   if (layout) {
     if constexpr (!std::is_same_v<T, double>) {
       const dim3 block(layout->threads_per_row, layout->rows_per_block);
-      const int64_t row_blocks = (a.rows + layout->rows_per_block - 1) / layout->rows_per_block;
-      // The persistent grid: as many blocks as are resident at once, at most one per block of rows.
-      const auto launch = [&](auto kernel, size_t shared) {
-        const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), block.x * block.y,
-                                                        shared, device.device);
-        const int64_t blocks = std::min<int64_t>(row_blocks, int64_t(per_sm) * limits.sms);
+      const auto resident = [&](auto kernel, dim3 threads, size_t shared) {
+        return cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads.x * threads.y, shared,
+                                            device.device);
+      };
+      // The persistent grid: as many blocks as are resident at once, at most one per block of rows
+      // (threads.y row slots).
+      const auto launch = [&](auto kernel, size_t shared, dim3 threads) {
+        const int64_t row_blocks = (a.rows + threads.y - 1) / threads.y;
+        const int64_t blocks = std::min<int64_t>(row_blocks, int64_t(resident(kernel, threads, shared)) * limits.sms);
         allocate_parts(blocks);
-        kernel<<<blocks, block, shared, stream>>>(p);
+        kernel<<<blocks, threads, shared, stream>>>(p);
       };
       // What a launch may ask for beyond the dynamic shared memory: the kernels' static scratch.
       const auto fits = [&](size_t shared) { return shared + 1024 <= limits.shared_per_block_optin; };
@@ -831,6 +894,19 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
           const auto prefetching = backward_fused<T, W, kItems, RMS, kPrefetch>;
           // The gamma copy, then the accumulators, in chunks of whole threads (fused_region_chunks).
           const size_t region = sizeof(float4) * fused_region_chunks<T>(kItems, layout->threads_per_row);
+          if constexpr (fused_row_barriers<T, W, kItems>()) {
+            // Row barriers: as many row slots as kMaxThreads threads hold (at most one per named
+            // barrier where a row spans several warps) and shared memory takes.
+            const int threads = layout->threads_per_row;
+            int slots = kMaxThreads / threads;
+            if (threads > limits.warp_size) slots = std::min(slots, kMaxNamedRowBarriers);
+            while (slots > 1 && !fits(region * (slots * accumulators + 1))) --slots;
+            const size_t shared = region * (slots * accumulators + 1);
+            const auto kernel = backward_fused<T, W, kItems, RMS, false, true>;
+            if (fits(shared) && resident(kernel, dim3(threads, slots), shared) > 0) {
+              return launch(kernel, shared, dim3(threads, slots));
+            }
+          }
           const size_t with_gamma = region * (layout->rows_per_block * accumulators + 1);
           if (fits(with_gamma)) {
             // Prefetching holds a second row slice in registers. It is used where one block fills
@@ -840,8 +916,8 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
             const bool prefetch =
                 kPrefetch && cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(plain), block.x * block.y,
                                                           with_gamma, device.device) == 1;
-            if (prefetch) return launch(prefetching, with_gamma);
-            return launch(plain, with_gamma);
+            if (prefetch) return launch(prefetching, with_gamma, block);
+            return launch(plain, with_gamma, block);
           }
         }
         dispatch_bool(a.memory_efficient, [&](auto memory_efficient) {
@@ -851,9 +927,9 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
           constexpr bool kCanPrefetch = !kMemoryEfficient && kItems > kBackwardItems &&
                                         kItems * V * (sizeof(T) + sizeof(W)) <= kMaxPrefetchSliceBytes;
           if (kCanPrefetch && one_block_per_sm) {
-            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, kCanPrefetch>, smem);
+            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, kCanPrefetch>, smem, block);
           } else {
-            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, false>, smem);
+            launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, false>, smem, block);
           }
         });
       });
