@@ -8,23 +8,12 @@
 // warp of a block waited for it):
 //  - trig work per token is unchanged (each rotated dim's sincos once, not once per head), but it
 //    overlaps the token's first loads and no warp waits for another;
-//  - one sincosf per angle instead of cosf + sinf (one range reduction instead of two; sincosf gives
-//    the bits of cosf and sinf, same reduction and polynomials in the PTX), and one per pair whose two
-//    dims have the same angle bits (the usual cat(f, f) and repeat_interleave(f, 2) tables);
-//  - 16-bit data takes cheap trig (fast_sincos: Cody-Waite by 2 pi, then the
-//    special-function unit's __sincosf, ~7 instructions an angle against sincosf's ~40 and its inlined
-//    Payne-Hanek path), within 7e-7 of the true cos/sin up to 2^21 radians, sincosf past that. The
-//    composite rounds cos/sin to the 16-bit dtype anyway, so such a cos/sin can at most round to the
-//    neighbour of torch's: one 16-bit ulp of a coefficient (bench max rel diff vs the composite, bf16:
-//    0 -> 2.9-5.3e-3), which the 16-bit tests bound against the exact float64 rotation (bound_of),
-//    not against the composite. Measured on an H200 (bench_rope.py bf16, % of copy bandwidth, fwd /
-//    fwd+bwd): 80.8-86.3 / 81.5-86.8% with sincosf -> 84.8-87.4 / 85.2-87.5% (the 1x32768x8x128 case,
-//    the fewest heads to amortise a token's trig, gains the most: 80.8 / 81.5 -> 84.8 / 85.6%).
-//    A thread per (token, head, unit) instead (60 or 40 registers, 50-75% occupancy, the same fast
-//    trig) reached only 57-70%: it recomputes the trig for every head and has fewer bytes per thread
-//    in flight. The scalar path (layouts that cannot take 16-byte vectors) takes the same trig, so a
-//    tensor's results don't depend on its alignment. float32 data keeps sincosf (its results are held
-//    to 1e-5 of the composite);
+//  - one sincosf per angle instead of cosf + sinf (one range reduction instead of two), and one per
+//    pair whose two dims have the same angle bits (the usual cat(f, f) and repeat_interleave(f, 2)
+//    tables). sincosf gives the bits of cosf and sinf (same reduction and polynomials in the PTX),
+//    so results are unchanged. A cheaper reduction (Cody-Waite by 2 pi, then __sincosf) would be
+//    off by up to ~5e-7: at the tests' 16-bit tolerances (1e-3 for half) such a change of cos flips
+//    its rounding to half for ~1e-3 of the table and can fail outputs that cancel, so it is not used;
 //  - per-token index work is additions: (i0, i1) advances by a precomputed quotient and remainder,
 //    units and dims are 32-bit ints, no division per element (64-bit offsets for the pointers only,
 //    so >2^31-element tensors still work);
@@ -249,75 +238,12 @@ C10_DEVICE C10_ALWAYS_INLINE void set_pair(Coefficients& k, int p, float ca, flo
   k.set(p, ca, backward ? sb : -sa, cb, backward ? -sa : sb);
 }
 
-// ---- cheap trig for 16-bit data ------------------------------------------------------------------
-//
-// sincosf costs ~40 instructions an angle on its fast path (a three-constant reduction by pi / 2 and
-// two polynomials) and inlines a Payne-Hanek slow path for |x| > 1e5 (the kernels' 32-byte stack
-// frame). For 16-bit data a cos/sin within ~1e-6 of the true value is as good: the composite itself
-// rounds cos/sin to the data's dtype (a relative 2^-9 or 2^-12) before multiplying. fast_sincos:
-// x - k 2 pi by Cody-Waite with two constants, then the special-function unit's sin and cos
-// (__sincosf: one multiply by 1 / (2 pi), MUFU.SIN, MUFU.COS; absolute error < 2^-21.19 on
-// [-pi, pi]), ~7 instructions. Why the reduction is accurate for |x| <= kFastTrigLimit:
-//  - k = rint(x / (2 pi)) <= 3.4e5, off by at most one near a half turn, so |x - k 2 pi| < 3.5;
-//  - fma(-k, kTwoPiHigh, x) is exact: for k != 0, |x| >= pi, so x and k kTwoPiHigh are multiples of
-//    2^-22, and so is their difference, of magnitude < 3.5 + k |2 pi - kTwoPiHigh| < 4 (24 bits);
-//  - the second fma rounds once (< 2.4e-7); the constants' remaining error, k 7.1e-15, is < 3e-9.
-// So |cos, sin error| < 7e-7. Larger angles (positions past ~2e6 at the fastest frequency) take
-// sincosf, a branch per unit that warps at such positions take together.
-constexpr float kFastTrigLimit = 2097152.0f;  // 2^21 radians
-constexpr float kTurnsPerRadian = 0.159154943f;
-constexpr float kTwoPiHigh = 6.28318548f;       // float(2 pi)
-constexpr float kTwoPiLow = -1.74845553e-7f;    // float(2 pi - kTwoPiHigh)
-
-C10_DEVICE C10_ALWAYS_INLINE void fast_sincos(float x, float& s, float& c) {
-  const float k = rintf(x * kTurnsPerRadian);
-  const float r = fmaf(-k, kTwoPiLow, fmaf(-k, kTwoPiHigh, x));
-  __sincosf(r, &s, &c);
-}
-
-// Whether every angle of the unit is within fast_sincos's range (NaN is not: sincosf gives it NaN).
-template <int kVec>
-C10_DEVICE C10_ALWAYS_INLINE bool fast_trig_fits(const float (&a)[kVec], const float (&b)[kVec]) {
-  bool fits = true;
-#pragma unroll
-  for (int p = 0; p < kVec; ++p) fits &= fabsf(a[p]) <= kFastTrigLimit && fabsf(b[p]) <= kFastTrigLimit;
-  return fits;
-}
-
-// The unit's coefficients from its angles by fast_sincos: one per pair when every pair's two angles
-// are the same bits (the usual tables; one test for the unit, not a branch per pair), else one per angle.
-template <class T, int kVec, class Coefficients>
-C10_DEVICE C10_ALWAYS_INLINE void fast_angle_coefficients(const float (&a)[kVec], const float (&b)[kVec], bool backward,
-                                                          Coefficients& k) {
-  bool same = true;
-#pragma unroll
-  for (int p = 0; p < kVec; ++p) same &= __float_as_uint(a[p]) == __float_as_uint(b[p]);
-  if (same) {
-#pragma unroll
-    for (int p = 0; p < kVec; ++p) {
-      float s, c;
-      fast_sincos(a[p], s, c);
-      c = round_to<T>(c), s = round_to<T>(s);
-      set_pair(k, p, c, s, c, s, backward);
-    }
-  } else {
-#pragma unroll
-    for (int p = 0; p < kVec; ++p) {
-      float sa, ca, sb, cb;
-      fast_sincos(a[p], sa, ca);
-      fast_sincos(b[p], sb, cb);
-      set_pair(k, p, round_to<T>(ca), round_to<T>(sa), round_to<T>(cb), round_to<T>(sb), backward);
-    }
-  }
-}
-
 // The unit's coefficients: the kVec pairs' cos and sin (rounded to T, as cos_sin in rope_math.h) at
 // row `pos` of the section's table, from column col_a (role a; half-split: col_b for role b,
 // interleaved: 2 * kVec adjacent columns, a at the even ones). Angle tables take one sincosf per
 // angle, and one per pair whose two angles are the same bits (equal inputs give equal outputs, so
 // only the work changes: the usual tables, cat(f, f) and repeat_interleave(f, 2), are all such pairs).
-// kFastTrig (16-bit data): fast_sincos where the unit's angles allow it.
-template <class T, int kVec, bool kInterleaved, bool kFastTrig>
+template <class T, int kVec, bool kInterleaved>
 C10_DEVICE C10_ALWAYS_INLINE void unit_coefficients(const Table& t, bool vectors, int64_t pos, int col_a, int col_b,
                                                     bool backward, Coefficients<T, kVec, kInterleaved>& k) {
   const bool f32 = t.dtype == Dtype::kFloat32;
@@ -337,12 +263,6 @@ C10_DEVICE C10_ALWAYS_INLINE void unit_coefficients(const Table& t, bool vectors
   read(t.cos, first_a, first_b);
   const bool cached = t.sin != nullptr;
   if (cached) read(t.sin, sin_a, sin_b);
-  if constexpr (kFastTrig) {
-    if (!cached && fast_trig_fits(first_a, first_b)) {
-      fast_angle_coefficients<T>(first_a, first_b, backward, k);
-      return;
-    }
-  }
 #pragma unroll
   for (int p = 0; p < kVec; ++p) {
     float ca, sa, cb, sb;
@@ -419,8 +339,8 @@ C10_DEVICE C10_ALWAYS_INLINE Table table_of(const RopeArgs& a, int s) { return s
 
 // Where token (i0, i1) sits in the tables: rope_math.h's token_positions, with the 2-D image's
 // division in 32 bits where it fits.
-C10_DEVICE C10_ALWAYS_INLINE TokenPositions positions_of(const RopeArgs& a, bool tokens32, int64_t i0, int64_t i1) {
-  if (a.positions == Positions::kImage && tokens32) {
+C10_DEVICE C10_ALWAYS_INLINE TokenPositions positions_of(const RopeArgs& a, const Plan& plan, int64_t i0, int64_t i1) {
+  if (a.positions == Positions::kImage && plan.tokens32) {
     const uint32_t i = static_cast<uint32_t>(i1), w = static_cast<uint32_t>(a.image_width);
     const uint32_t y = i / w;
     return {{y, i - y * w}, true};
@@ -431,7 +351,7 @@ C10_DEVICE C10_ALWAYS_INLINE TokenPositions positions_of(const RopeArgs& a, bool
 // ---- the kernel -----------------------------------------------------------------------------------
 
 // One unit of one token, for heads [h_begin, h_end).
-template <class T, int kVec, bool kInterleaved, bool kFastTrig>
+template <class T, int kVec, bool kInterleaved>
 C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan, const Unit& u,
                                             const TokenPositions& where, const T* x_token, T* out_token,
                                             int h_begin, int h_end) {
@@ -470,9 +390,8 @@ C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan,
     const int64_t pos = u.section == 0 ? where.pos[0] : where.pos[1];
     CUDA_KERNEL_ASSERT(pos >= 0 && pos < table.rows && "RoPE position outside the table");
     const int base = u.section * plan.map.width;  // the unit's columns in its section's table
-    unit_coefficients<T, kVec, kInterleaved, kFastTrig>(
-        table, u.section == 0 ? plan.table_vectors[0] : plan.table_vectors[1], pos, u.ea - base, u.eb - base,
-        a.backward, coefficients);
+    unit_coefficients<T, kVec, kInterleaved>(table, u.section == 0 ? plan.table_vectors[0] : plan.table_vectors[1],
+                                             pos, u.ea - base, u.eb - base, a.backward, coefficients);
   } else {  // no position: the identity rotation (an exact copy); copied units: unused
     identity_coefficients<kVec>(a.backward, coefficients);
   }
@@ -502,18 +421,17 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(cons
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   int64_t i0 = token / a.outer1, i1 = token - i0 * a.outer1;  // divisions once per thread
   const int64_t step0 = step / a.outer1, step1 = step - step0 * a.outer1;
-  constexpr bool kFastTrig = sizeof(T) == 2;  // 16-bit data (file comment)
 
   for (; token < tokens; token += step) {
-    const TokenPositions where = positions_of(a, plan.tokens32, i0, i1);
+    const TokenPositions where = positions_of(a, plan, i0, i1);
     const T* x_token = static_cast<const T*>(a.x) + i0 * a.x_stride0 + i1 * a.x_stride1 + h_begin * a.x_stride_h;
     T* out_token = static_cast<T*>(a.out) + i0 * a.out_stride0 + i1 * a.out_stride1 + h_begin * a.out_stride_h;
     for (int k = threadIdx.x; k < map.units; k += blockDim.x) {
       const Unit u = unit_at(map, k);
       if (kVec > 1 && map.interleaved) {  // (kVec == 1: interleaved pairs are the half-split unit's)
-        rope_unit<T, kVec, true, kFastTrig>(a, plan, u, where, x_token, out_token, h_begin, h_end);
+        rope_unit<T, kVec, true>(a, plan, u, where, x_token, out_token, h_begin, h_end);
       } else {
-        rope_unit<T, kVec, false, kFastTrig>(a, plan, u, where, x_token, out_token, h_begin, h_end);
+        rope_unit<T, kVec, false>(a, plan, u, where, x_token, out_token, h_begin, h_end);
       }
     }
     i0 += step0;

