@@ -12,15 +12,12 @@
 // and a quarter of a reciprocal (reciprocals() below), with ~17 more instructions (the forward's
 // unmasked packs; PTX) where it took ~200 with expf / log1pf / powf: the kernels become
 // memory-bound. The positive class is a sign flip of the same formula.
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "apex/acc_type.h"
 #include "apex/block_reduce.cuh"
 #include "apex/cuda.cuh"
 #include "apex/occupancy.cuh"
-#include "apex/packed_pairs.cuh"
 #include "focal_loss.h"
 #include "focal_loss_math.h"
 
@@ -163,24 +160,22 @@ struct Walk {
   int64_t first, stride, end;
 };
 
-// One step of a walk: pack `pack` of the kRows rows row, row + step, ..., with their labels
+// One step of a walk: pack `pack` of the kRowsInFlight rows row, row + step, ..., with their labels
 // (kIgnored past the last row) and logits.
-template <class T, int kVec, int kRows = kRowsInFlight>
+template <class T, int kVec>
 struct Item {
-  static constexpr int rows = kRows;
   int64_t row, pack;
-  int64_t label[kRows];
-  AlignedVector<T, kVec> logits[kRows];
+  int64_t label[kRowsInFlight];
+  AlignedVector<T, kVec> logits[kRowsInFlight];
 };
 
 // Reads an item's labels and, for packs below `loaded`, its logits; the two loads do not wait on
 // each other (an ignored row's logits are read and not used).
-template <class T, int kVec, int kRows>
-C10_DEVICE C10_ALWAYS_INLINE void load_item(Item<T, kVec, kRows>& item, const Problem& p, int64_t step,
-                                            int64_t loaded) {
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE void load_item(Item<T, kVec>& item, const Problem& p, int64_t step, int64_t loaded) {
   const T* logits = static_cast<const T*>(p.logits);
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) {
+  for (int i = 0; i < kRowsInFlight; ++i) {
     const int64_t row = item.row + i * step;
     item.label[i] = row < p.rows ? p.labels[row] : kIgnored;
     if (row < p.rows && item.pack < loaded) item.logits[i] = load_vector<kVec>(logits, row * p.classes + item.pack * kVec);
@@ -190,17 +185,17 @@ C10_DEVICE C10_ALWAYS_INLINE void load_item(Item<T, kVec, kRows>& item, const Pr
 // Calls f(item, step) for each item of the walk. Each item is read one step ahead of f, so that a
 // thread's next loads are in flight while it computes (at 60-70 registers, occupancy alone would
 // not keep enough bytes in flight).
-template <class T, int kVec, int kRows = kRowsInFlight, class F>
+template <class T, int kVec, class F>
 C10_DEVICE C10_ALWAYS_INLINE void for_each_item(const Problem& p, const Walk& walk, int64_t loaded, F&& f) {
-  Item<T, kVec, kRows> item;
+  Item<T, kVec> item;
   item.row = walk.first < walk.end ? walk.row : p.rows;
   item.pack = walk.first;
   load_item(item, p, walk.step, loaded);
   while (item.row < p.rows) {
-    Item<T, kVec, kRows> next;
+    Item<T, kVec> next;
     next.row = item.row;
     next.pack = item.pack + walk.stride;
-    if (next.pack >= walk.end) next.row += kRows * walk.step, next.pack = walk.first;
+    if (next.pack >= walk.end) next.row += kRowsInFlight * walk.step, next.pack = walk.first;
     load_item(next, p, walk.step, loaded);
     f(item, walk.step);
     item = next;
@@ -288,282 +283,6 @@ __global__ void __launch_bounds__(kMaxThreads) backward_kernel(Problem p, Tile t
   });
 }
 
-// ---- The lean kernels (APEX_FOCAL_VARIANT=lean; lean_bwd: the backward only): 16-bit logits, gamma == 2 ----
-//
-// At 96 bf16 classes the kernels above issue ~24 SASS instructions an element forward and ~37
-// backward (their loops, cuobjdump), where an H200 at copy speed leaves ~16 forward (2 bytes an
-// element read) and ~32 backward (4 bytes): 4 warp-instructions and 16 bytes a clock per SM. Their
-// 2.25 MUFU operations an element (ex2, lg2, a quarter of a rcp) stay, so everything around them
-// shrinks instead: ~14.5 forward, ~13 backward (loops, without the positive-class branch, which
-// adds ~7 and ~3 an element where a warp takes it in every row, as at 96 classes):
-// - signed exponent: e = exp(-x) gives p = sigmoid(x) = 1 / (1 + e) and, in log2 units,
-//   BCE(x, u) = softplus(-x) + (1 - u) x = log2(1 + e) + (1 - u) log2(e) x: no sign test and no
-//   select an element. Logits are first floored at kLeanFloor, two per instruction, which keeps e
-//   and a product of four denominators finite. For x < 0 the sum cancels (~1 ulp of |x| log2(e)),
-//   but gamma == 2 multiplies it by p^2 (< 0.12 for x < -2; 4e-18 at the floor): the loss and the
-//   gradient move by less than 1e-6 of their tolerances' scale there.
-// - every class is a negative one: the row's positive class (in one pack of twelve) takes a branch
-//   that computes it by the accurate path of focal_loss_math.h and, forward, puts the floor in
-//   its place for the bulk (which then adds < 1e-17), backward, overwrites its gradient.
-// - ignored rows are computed and their result dropped by a select, not branched around, so a
-//   thread's kLeanRows rows are one straight block of independent math; a thread's pack of every
-//   row is fixed (lean_walk), so its first class and real-class count are computed once.
-constexpr float kLeanFloor = -20.0f;
-// Above 1 + exp(20): min() with it changes only a NaN denominator, which would otherwise spoil the
-// three it shares a reciprocal with (backward: they are separate outputs).
-constexpr float kLeanMaxDenominator = 5e8f;
-// Rows a thread computes at a time, the next ones' 16-byte packs in flight: 2, as above (4 takes
-// 98 / 128 registers forward / backward: one 384-thread forward block an SM instead of two).
-constexpr int kLeanRows = 2;
-constexpr int kLeanVec = 8;  // 16-bit elements in a 16-byte pack
-
-struct LeanCoefficients {
-  float alpha, u;   // u = smoothing / 2
-  float slope;      // (1 - u) log2(e): BCE's linear term in log2 units
-  float gamma_ln2;  // 2 ln 2: gamma times the unit of the logarithms (the gradient's factor)
-};
-
-C10_HOST_DEVICE inline LeanCoefficients lean_coefficients(const Problem& p) {
-  const float u = static_cast<float>(p.smoothing / 2);
-  return {static_cast<float>(p.alpha), u, (1 - u) * kLog2e, 2 * kLn2};
-}
-
-// max(pair, floor) per half; a NaN half stays NaN.
-template <class T>
-C10_DEVICE C10_ALWAYS_INLINE uint32_t floor_pair(uint32_t pair, uint32_t floor) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(USE_ROCM)
-  uint32_t out;
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(pair), "r"(floor));
-  } else {
-    asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(out) : "r"(pair), "r"(floor));
-  }
-  return out;
-#else
-  const float2 v = unpack_pair<T>(pair), f = unpack_pair<T>(floor);
-  return pack_pair<T>(v.x != v.x ? v.x : fmaxf(v.x, f.x), v.y != v.y ? v.y : fmaxf(v.y, f.y));
-#endif
-}
-
-// Element k (in [0, kLeanVec)) of a pack held as words, in float (selects on k's bits: indexing
-// the words by k would put them in local memory).
-template <class T>
-C10_DEVICE C10_ALWAYS_INLINE float element_at(const uint32_t (&words)[kLeanVec / 2], int k) {
-  const uint32_t low = (k & 2) ? words[1] : words[0], high = (k & 2) ? words[3] : words[2];
-  const float2 pair = unpack_pair<T>((k & 4) ? high : low);
-  return (k & 1) ? pair.y : pair.x;
-}
-
-// Element k of the pack set to the value both halves of `pair` hold.
-C10_DEVICE C10_ALWAYS_INLINE void set_element(uint32_t (&words)[kLeanVec / 2], int k, uint32_t pair) {
-  const uint32_t half = (k & 1) ? 0xffff0000u : 0x0000ffffu;
-#pragma unroll
-  for (int j = 0; j < kLeanVec / 2; ++j) {
-    const uint32_t replaced = (k >> 1) == j ? half : 0u;
-    words[j] = (words[j] & ~replaced) | (pair & replaced);
-  }
-}
-
-// Elements [real, kLeanVec) of the pack (padding classes) set to 0.
-C10_DEVICE C10_ALWAYS_INLINE void clear_from(uint32_t (&words)[kLeanVec / 2], int real) {
-#pragma unroll
-  for (int j = 0; j < kLeanVec / 2; ++j) {
-    const int left = real - 2 * j;
-    words[j] &= left >= 2 ? 0xffffffffu : left == 1 ? 0x0000ffffu : 0u;
-  }
-}
-
-// The pack's floored logits x and, with e = exp(-x): e, l = log2(1 + e) (softplus(-x) in log2
-// units) and r = 1 / (1 + e) = sigmoid(x).
-template <bool kIsolate, class T>
-C10_DEVICE C10_ALWAYS_INLINE void signed_softplus(const uint32_t (&words)[kLeanVec / 2], uint32_t floor,
-                                                  float (&x)[kLeanVec], float (&e)[kLeanVec], float (&l)[kLeanVec],
-                                                  float (&r)[kLeanVec]) {
-  float d[kLeanVec];
-#pragma unroll
-  for (int j = 0; j < kLeanVec / 2; ++j) {
-    const float2 pair = unpack_pair<T>(floor_pair<T>(words[j], floor));
-    x[2 * j] = pair.x;
-    x[2 * j + 1] = pair.y;
-  }
-#pragma unroll
-  for (int k = 0; k < kLeanVec; ++k) {
-    e[k] = exp_of(-x[k]);
-    d[k] = 1.0f + e[k];
-    l[k] = log1p_of(e[k], d[k]);
-    if constexpr (kIsolate) d[k] = fminf(d[k], kLeanMaxDenominator);
-  }
-  reciprocals</*kIsolate=*/false>(d, r);
-}
-
-// The sum over the pack's counted classes of m * BCE (log2 units) as negative classes, with its
-// positive class (if any) left out and its own m * BCE added to `pos`. kPadded: classes at and
-// past c.real are padding, whose logits may be anything (read as 0, their terms dropped).
-template <bool kPadded, class T>
-C10_DEVICE C10_ALWAYS_INLINE float lean_pack_loss(const AlignedVector<T, kLeanVec>& v, PackClasses c,
-                                                  const LeanCoefficients& w, uint32_t floor, float& pos) {
-  uint32_t words[kLeanVec / 2];
-  memcpy(words, &v, sizeof(words));
-  if constexpr (kPadded) clear_from(words, c.real);
-  if (c.positive >= 0) {
-    const float x = element_at<T>(words, c.positive);
-    pos += focal_terms<kGammaTwo, false>(-x, softplus_of(x), 2.0f, w.u).loss;
-    set_element(words, c.positive, floor);
-  }
-  float x[kLeanVec], e[kLeanVec], l[kLeanVec], r[kLeanVec];
-  signed_softplus</*kIsolate=*/false, T>(words, floor, x, e, l, r);
-  float sum = 0;
-#pragma unroll
-  for (int k = 0; k < kLeanVec; ++k) {
-    const float term = (r[k] * r[k]) * fmaf(x[k], w.slope, l[k]);
-    sum = !kPadded || k < c.real ? sum + term : sum;
-  }
-  return sum;
-}
-
-// The pack's gradient as words: dloss/dx times `negative_scale` ((1 - alpha) * scale) for
-// negative classes, the positive class's by the accurate path times `positive_scale`
-// (-alpha * scale); padding 0.
-template <class T>
-C10_DEVICE C10_ALWAYS_INLINE void lean_pack_grad(const AlignedVector<T, kLeanVec>& v, PackClasses c,
-                                                 const LeanCoefficients& w, uint32_t floor, float negative_scale,
-                                                 float positive_scale, uint32_t (&out)[kLeanVec / 2]) {
-  uint32_t words[kLeanVec / 2];
-  memcpy(words, &v, sizeof(words));
-  const bool padded = c.real < kLeanVec;
-  if (padded) clear_from(words, c.real);
-  float x[kLeanVec], e[kLeanVec], l[kLeanVec], r[kLeanVec];
-  signed_softplus</*kIsolate=*/true, T>(words, floor, x, e, l, r);
-  // dloss/dx = m (gamma q BCE + p - u), m = p^2, q = 1 - p = e r, BCE = l + slope x (log2 units).
-  const float u = w.u, slope = w.slope * w.gamma_ln2;
-#pragma unroll
-  for (int j = 0; j < kLeanVec / 2; ++j) {
-    float g[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int k = 2 * j + h;
-      const float gamma_bce = fmaf(x[k], slope, l[k] * w.gamma_ln2);
-      const float inner = fmaf(e[k] * r[k], gamma_bce, r[k] - u);
-      g[h] = (r[k] * negative_scale) * r[k] * inner;
-    }
-    out[j] = pack_pair<T>(g[0], g[1]);
-  }
-  if (padded) clear_from(out, c.real);
-  if (c.positive >= 0) {
-    const float x_pos = element_at<T>(words, c.positive);
-    const float g = positive_scale * focal_terms<kGammaTwo, true>(-x_pos, softplus_of(x_pos), 2.0f, w.u).grad;
-    set_element(out, c.positive, pack_pair<T>(g, g));
-  }
-}
-
-// kLeanRows rows of a lean thread: their labels (kIgnored past the last row) and the logits of
-// the thread's pack in each.
-template <class T>
-struct LeanRows {
-  int64_t label[kLeanRows];
-  AlignedVector<T, kLeanVec> logits[kLeanRows];
-};
-
-// A lean thread's walk: pack `pack` (one per thread and row: the lean kernels take at most
-// kMaxThreads packs a row) of rows row, row + step, ..., kLeanRows at a time, each group read
-// while f(rows, first row) computes the previous one. Two buffers, swapped by unrolling, where
-// the walk above copies its next item into the current one (~24 moves a step). `loaded`: whether
-// the pack holds real classes (else its logits are not read).
-template <class T, class F>
-C10_DEVICE C10_ALWAYS_INLINE void lean_walk(const Problem& p, int64_t row, int64_t step, int64_t pack, bool loaded,
-                                            F&& f) {
-  const T* logits = static_cast<const T*>(p.logits) + pack * kLeanVec;
-  const auto read = [&](int64_t first, LeanRows<T>& rows) {
-#pragma unroll
-    for (int i = 0; i < kLeanRows; ++i) {
-      const int64_t at = first + i * step;
-      rows.label[i] = at < p.rows ? p.labels[at] : kIgnored;
-      if (at < p.rows && loaded) rows.logits[i] = load_vector<kLeanVec>(logits, at * p.classes);
-    }
-  };
-  const int64_t advance = kLeanRows * step;
-  LeanRows<T> even, odd;
-  read(row, even);
-  while (row < p.rows) {
-    read(row + advance, odd);
-    f(even, row);
-    row += advance;
-    if (row >= p.rows) break;
-    read(row + advance, even);
-    f(odd, row);
-    row += advance;
-  }
-}
-
-// The row's positive class as an index into the pack [first, first + real), or -1.
-C10_DEVICE C10_ALWAYS_INLINE int positive_in(int64_t label, int64_t first, int real) {
-  const uint64_t at = static_cast<uint64_t>(label - first);  // background and ignored wrap to huge
-  return at < static_cast<uint64_t>(real) ? static_cast<int>(at) : -1;
-}
-
-// forward_kernel's tile with the lean pack math.
-template <class T>
-__global__ void __launch_bounds__(kMaxForwardThreads) lean_forward_kernel(Problem p, ForwardTile tile, float* partials) {
-  __shared__ float scratch[kMaxForwardThreads / C10_WARP_SIZE];
-  const LeanCoefficients w = lean_coefficients(p);
-  const uint32_t floor = pack_pair<T>(kLeanFloor, kLeanFloor);
-  const int64_t full = full_packs<kLeanVec>(p), step = static_cast<int64_t>(gridDim.x) * tile.rows;
-  const int t = static_cast<int>(threadIdx.x), body = tile.cols * tile.rows;
-  float all = 0, pos = 0;  // all: negative classes (positives left out), pos: positive classes
-  const auto walk = [&](auto padded, int64_t row, int64_t pack) {
-    const int64_t first = pack * kLeanVec;
-    const int real = static_cast<int>(std::min<int64_t>(p.real_classes - first, kLeanVec));
-    lean_walk<T>(p, row, step, pack, true, [&](const LeanRows<T>& rows, int64_t) {
-#pragma unroll
-      for (int i = 0; i < kLeanRows; ++i) {
-        const float sum = lean_pack_loss<decltype(padded)::value>(
-            rows.logits[i], PackClasses{real, positive_in(rows.label[i], first, real)}, w, floor, pos);
-        all = rows.label[i] != kIgnored ? all + sum : all;
-      }
-    });
-  };
-  if (t < body) {
-    walk(std::false_type{}, static_cast<int64_t>(blockIdx.x) * tile.rows + t / tile.cols, t % tile.cols);
-  } else if (t < body + tile.ends && real_packs<kLeanVec>(p) > full) {  // (no real class: no pack to read)
-    walk(std::true_type{}, static_cast<int64_t>(blockIdx.x) * tile.rows + (t - body), full);
-  }
-  float sum = ((1 - w.alpha) * all + w.alpha * pos) * kLn2;
-  sum = cuda::block_reduce(sum, Add<float>{}, 0.0f, scratch);
-  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
-}
-
-// backward_kernel's tile with the lean pack math.
-template <class T>
-__global__ void __launch_bounds__(kMaxThreads) lean_backward_kernel(Problem p, Tile tile, const float* grad_loss, T* grad) {
-  const LeanCoefficients w = lean_coefficients(p);
-  const uint32_t floor = pack_pair<T>(kLeanFloor, kLeanFloor);
-  const float scale = *grad_loss / *p.num_positives_sum;
-  const float negative_scale = (1 - w.alpha) * scale, positive_scale = -w.alpha * scale;
-  const int r = static_cast<int>(threadIdx.x) / tile.cols, pack = static_cast<int>(threadIdx.x) % tile.cols;
-  if (r >= tile.rows) return;
-  const int64_t first = static_cast<int64_t>(pack) * kLeanVec, step = static_cast<int64_t>(gridDim.x) * tile.rows;
-  const int real = static_cast<int>(std::clamp<int64_t>(p.real_classes - first, 0, kLeanVec));
-  // Packs past the real classes and ignored rows get zeros; the former are not read.
-  lean_walk<T>(p, static_cast<int64_t>(blockIdx.x) * tile.rows + r, step, pack, real > 0,
-               [&](const LeanRows<T>& rows, int64_t row) {
-#pragma unroll
-    for (int i = 0; i < kLeanRows; ++i) {
-      const int64_t at = row + i * step;
-      if (at >= p.rows) break;
-      uint32_t words[kLeanVec / 2] = {};
-      if (real > 0) {
-        lean_pack_grad(rows.logits[i], PackClasses{real, positive_in(rows.label[i], first, real)}, w, floor,
-                       negative_scale, positive_scale, words);
-        const bool ignored = rows.label[i] == kIgnored;
-#pragma unroll
-        for (int j = 0; j < kLeanVec / 2; ++j) words[j] = ignored ? 0u : words[j];
-      }
-      AlignedVector<T, kLeanVec> out;
-      memcpy(&out, words, sizeof(out));
-      store_vector<kLeanVec>(grad, at * p.classes + first, out);
-    }
-  });
-}
 
 int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
@@ -579,11 +298,10 @@ ForwardTile forward_tile_for(int64_t full, bool has_end) {
   return {cols, rows, has_end ? rows : 0};
 }
 
-// Blocks for the rows (`rows` x rows_in_flight per block and step), at most as many as are resident
+// Blocks for the rows (`rows` x kRowsInFlight per block and step), at most as many as are resident
 // at once: one wave, the row loops do the rest.
-unsigned blocks_for(const Problem& p, int rows, int threads, const void* kernel, const Cuda& device,
-                    int rows_in_flight = kRowsInFlight) {
-  const int64_t rows_per_block = static_cast<int64_t>(rows) * rows_in_flight;
+unsigned blocks_for(const Problem& p, int rows, int threads, const void* kernel, const Cuda& device) {
+  const int64_t rows_per_block = static_cast<int64_t>(rows) * kRowsInFlight;
   const int64_t wanted = (p.rows + rows_per_block - 1) / rows_per_block;
   const int64_t resident = static_cast<int64_t>(cuda::sm_count(device.device)) *
                            cuda::resident_blocks_per_sm(kernel, threads, 0, device.device);
@@ -594,21 +312,6 @@ unsigned blocks_for(const Problem& p, int rows, int threads, const void* kernel,
 template <class T>
 bool vectorizable(const Problem& p, const void* out) {
   return p.classes % vector_width<T>() == 0 && is_aligned(p.logits) && (out == nullptr || is_aligned(out));
-}
-
-enum class Pass { kForward, kBackward };
-
-// APEX_FOCAL_VARIANT (read once): `lean` sends 16-bit logits with gamma == 2 (and at most
-// kMaxThreads packs a row: one thread per pack) to both lean kernels, `lean_bwd` to the lean
-// backward only (the forward stays on the default kernel).
-bool lean(const Problem& p, Pass pass) {
-  static const int chosen = [] {  // bit 0: lean forward, bit 1: lean backward
-    const char* variant = std::getenv("APEX_FOCAL_VARIANT");
-    if (variant == nullptr) return 0;
-    return std::strcmp(variant, "lean") == 0 ? 3 : std::strcmp(variant, "lean_bwd") == 0 ? 2 : 0;
-  }();
-  const int bit = pass == Pass::kForward ? 1 : 2;
-  return (chosen & bit) != 0 && p.gamma == 2.0 && p.classes <= static_cast<int64_t>(kMaxThreads) * kLeanVec;
 }
 
 template <class T>
@@ -625,13 +328,6 @@ template <class T, int kVec>
 ForwardLaunch<T> forward_launch_with(const Problem& p, const Cuda& device) {
   const ForwardTile tile = forward_tile_for(full_packs<kVec>(p), real_packs<kVec>(p) > full_packs<kVec>(p));
   const int threads = cuda::whole_warps(tile.cols * tile.rows + tile.ends);
-  if constexpr (kVec == kLeanVec && sizeof(T) == 2) {
-    if (lean(p, Pass::kForward)) {
-      const ForwardKernel<T> kernel = lean_forward_kernel<T>;
-      return {kernel, tile, blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device, kLeanRows),
-              static_cast<unsigned>(threads)};
-    }
-  }
   const ForwardKernel<T> kernel =
       with_gamma(p, [](auto gamma) -> ForwardKernel<T> { return forward_kernel<T, kVec, decltype(gamma)::value>; });
   return {kernel, tile, blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device),
@@ -649,15 +345,6 @@ template <class T, int kVec>
 void launch_backward(const Problem& p, const acc_type<T>* grad_loss, T* grad, const Cuda& device) {
   const Tile tile = cuda::block_tile(p.classes / kVec, kMaxThreads);
   const int threads = cuda::whole_warps(tile.cols * tile.rows);
-  if constexpr (kVec == kLeanVec && sizeof(T) == 2) {
-    if (lean(p, Pass::kBackward)) {
-      const auto kernel = lean_backward_kernel<T>;
-      const unsigned blocks =
-          blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device, kLeanRows);
-      kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);
-      return;
-    }
-  }
   with_gamma(p, [&](auto gamma) {
     const auto kernel = backward_kernel<T, kVec, decltype(gamma)::value>;
     const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
