@@ -113,8 +113,8 @@ def test_16_bit_gammas(device, dtype, gamma):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_extreme_logits(device, dtype):
-    # Logits far below -20 and far above 20 for negative and positive classes alike (the 16-bit
-    # kernels may clamp very negative logits), and a NaN in a padding class, which must not leak.
+    # Logits far below -20 and far above 20 for negative and positive classes alike (where exp
+    # underflows or a kernel might clamp), and a NaN in a padding class, which must not leak.
     big = 60.0 if dtype == torch.float16 else 300.0
     values = torch.tensor([-big, -40.0, -21.0, -20.0, -19.5, -3.0, 0.0, 3.0, 19.5, 21.0, 40.0, big], dtype=torch.float64)
     logits = values[torch.randint(0, len(values), (64, 16))].to(dtype).to(device)
