@@ -8,8 +8,8 @@ back-to-back calls (device time). Target (issue 16): >= 85 % of copy bandwidth o
 
     python benchmarks/contrib/bench_group_norm.py [--impls apex,torch,torch.compile]
 
---impls times only the named implementations (an A/B of apex kernel variants needs no torch rows:
-APEX_GROUP_NORM_VARIANT=lag2 python benchmarks/contrib/bench_group_norm.py --impls apex).
+--impls times only the named implementations (an A/B of apex kernel variants, one process per
+variant, needs no torch rows: `--impls apex`).
 """
 from __future__ import annotations
 
