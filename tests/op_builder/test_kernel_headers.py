@@ -15,7 +15,8 @@ NVCC = toolchain.nvcc()
 pytestmark = pytest.mark.skipif(NVCC is None, reason="needs nvcc")
 
 # The kernel where the split was found: the cross-entropy backward writes each row of the gradient as
-# 16-byte vectors of bf16/fp16 (apex/row_softmax.cuh's write_scaled_softmax, unrolled 4 times). A
+# 16-byte vectors of bf16/fp16 (then apex/row_softmax.cuh's write_scaled_softmax, unrolled 4 times;
+# since session 29 xentropy_16bit.cuh's backward_kernel, whose packs must stay whole as well). A
 # small stand-alone kernel of the same shape compiled to whole vector stores even before the fix, so
 # the test compiles the real one.
 XENTROPY_CUDA = REPO / "csrc" / "xentropy" / "xentropy_cuda.cu"
@@ -41,7 +42,7 @@ def test_16_byte_vectors_of_16_bit_values_are_one_store_instruction(tmp_path):
     of copy bandwidth on an H100 (8192 x 128256 bf16: 5.5 ms, 2.2 ms once whole). Each vector must
     stay one 16-byte store."""
     kernels = {name: body for name, body in _kernels(_ptx(XENTROPY_CUDA, tmp_path)).items()
-               if "backward_kernel" in name and "Li8E" in name}  # the 16-bit types' vectorised backward
+               if "backward_kernel" in name and "bits16" in name}  # the 16-bit types' vectorised backward
     assert len(kernels) == 2  # Half, BFloat16
     for name, body in kernels.items():
         stores = re.findall(r"\bst(?:\.global)?\.[\w.]+", body)
