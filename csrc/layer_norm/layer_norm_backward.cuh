@@ -913,9 +913,7 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
             // an SM anyway (wide rows, whose accumulators and gamma take most of the shared
             // memory): there the registers cost no occupancy, and no other block is around to
             // overlap this one's reductions with loads. Elsewhere it lost (see the top).
-            const bool prefetch =
-                kPrefetch && cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(plain), block.x * block.y,
-                                                          with_gamma, device.device) == 1;
+            const bool prefetch = kPrefetch && resident(plain, block, with_gamma) == 1;
             if (prefetch) return launch(prefetching, with_gamma, block);
             return launch(plain, with_gamma, block);
           }
