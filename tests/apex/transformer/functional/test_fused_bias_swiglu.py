@@ -79,6 +79,36 @@ def test_saturated_and_infinite_gates(device, dtype):
     scale = expected[finite].abs().max().item()
     torch.testing.assert_close(actual.double()[finite], expected[finite], rtol=TOL[dtype], atol=TOL[dtype] * scale)
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_backward_with_a_bias_and_no_bias_gradient(dtype):
+    """grad_x alone with a bias (the historical backward): its own 16-bit kernels under
+    APEX_SWIGLU_VARIANT (flat_backward_kernel with kBias), apart from the bias-gradient ones."""
+    for shape in GPU_SHAPES:
+        x = torch.randn(shape, device="cuda").to(dtype)
+        bias = torch.randn(shape[-1], device="cuda").to(dtype)
+        g = torch.randn(*shape[:-1], shape[-1] // 2, device="cuda").to(dtype)
+        check(historical.backward(g, x, bias), grads(x, bias, g)[0], dtype, scale=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_rows_past_one_grid_pass(with_bias):
+    """65535 * 8 + 13 rows: more groups of 8 rows than a grid's 65535 (the one-shot kernels of
+    APEX_SWIGLU_VARIANT walk the rest), with a partial last group."""
+    rows = 65535 * 8 + 13
+    x = torch.randn(rows, 2 * 8, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(2 * 8, device="cuda", dtype=torch.bfloat16) if with_bias else None
+    check(fused_bias_swiglu(x, bias), reference(x, bias), torch.bfloat16)
+    g = torch.randn(rows, 8, device="cuda", dtype=torch.bfloat16)
+    expected_x, expected_bias = grads(x, bias, g)
+    check(historical.backward(g, x, bias), expected_x, torch.bfloat16, scale=4)
+    if with_bias:
+        gx, gb = historical.backward_with_bias(g, x, bias)
+        check(gx, expected_x, torch.bfloat16, scale=4)
+        check(gb, expected_bias, torch.bfloat16, scale=4 * rows**0.5)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_autograd_function_module_and_historical_face(device):
     x = torch.randn(6, 32, device=device, requires_grad=True)
@@ -188,3 +218,6 @@ def test_int64_offsets_past_two_billion_elements():
     g = torch.randn_like(y)
     gx, _ = historical.backward_with_bias(g, x, bias)
     check(gx[-2:], grads(x[-2:], bias, g[-2:])[0], torch.bfloat16, scale=4)
+    del gx
+    gx = historical.backward(g, x, None)  # grad_x alone: other kernels (flat_backward_kernel under the A/B)
+    check(gx[-2:], grads(x[-2:], None, g[-2:])[0], torch.bfloat16, scale=4)
