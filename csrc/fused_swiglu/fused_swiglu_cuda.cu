@@ -472,7 +472,7 @@ void backward(const Cuda& device, const BackwardArgs& args) {
     constexpr int kWide = vector_width<T>();
     const bool wide = vector_path<T>(args.half, {g, x, bias, dx});
     if constexpr (sizeof(T) == 2) {
-      if (variant() != Variant::kDefault && wide && !bias_grad) {
+      if (variant() != Variant::kDefault && wide && !bias_grad && args.rows > 0) {  // no empty grid
         return flat_backward<T>(device, g, x, bias, dx, args.rows, args.half);
       }
     }

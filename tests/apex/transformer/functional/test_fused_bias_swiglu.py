@@ -81,14 +81,15 @@ def test_saturated_and_infinite_gates(device, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_16_bit_backward_with_a_bias_and_no_bias_gradient(dtype):
-    """grad_x alone with a bias (the historical backward): its own 16-bit kernels under
-    APEX_SWIGLU_VARIANT (flat_backward_kernel with kBias), apart from the bias-gradient ones."""
-    for shape in GPU_SHAPES:
+def test_16_bit_grad_x_alone(dtype):
+    """grad_x alone with a bias, and without one (the historical backward; no rows too): their own
+    16-bit kernels under APEX_SWIGLU_VARIANT (flat_backward_kernel), apart from the bias-gradient ones."""
+    for shape in GPU_SHAPES + [(0, 2 * 8)]:
         x = torch.randn(shape, device="cuda").to(dtype)
         bias = torch.randn(shape[-1], device="cuda").to(dtype)
         g = torch.randn(*shape[:-1], shape[-1] // 2, device="cuda").to(dtype)
         check(historical.backward(g, x, bias), grads(x, bias, g)[0], dtype, scale=4)
+        check(historical.backward(g, x, None), grads(x, None, g)[0], dtype, scale=4)
 
 
 @pytest.mark.gpu
