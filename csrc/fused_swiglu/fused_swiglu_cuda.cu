@@ -3,8 +3,9 @@
 // walk down the rows. Each thread keeps its column's bias in registers, and in the backward its
 // column's bias-gradient partial sums, which blocks fold into a per-row-chunk workspace row; a
 // second small kernel sums the chunks. So the data is read and written exactly once each way.
+// 16-bit data on the vector path take one-shot kernels instead (a thread, one pack of one row; see
+// flat_forward_kernel), except the backward with a bias gradient, which needs the chunk loop's sums.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -122,7 +123,8 @@ __global__ void __launch_bounds__(kThreads, kMinForwardBlocksPerSm)
 }
 
 // kBiasGrad: also write this block's column sums of grad_x to partials[blockIdx.y, :]. kDependent:
-// launched as a programmatic dependent launch (APEX_SWIGLU_VARIANT flat_pdl / flat_cs).
+// launched as a programmatic dependent launch (16-bit data on the vector path, as the one-shot
+// kernels; fp32 and fp64 keep ordinary launches).
 template <class T, int kVec, bool kBiasGrad, bool kDependent = false>
 __global__ void __launch_bounds__(kThreads, kMinBackwardBlocksPerSm)
     backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ bias,
@@ -224,75 +226,31 @@ dim3 grid_for(int64_t half, int64_t chunks) {
   return dim3(static_cast<unsigned>((packs + kColumns - 1) / kColumns), static_cast<unsigned>(chunks));
 }
 
-// ---- APEX_SWIGLU_VARIANT: an A/B switch (gpu_ab/swiglu/README.md); the winner stays, the switch
-// and the losers go. Only 16-bit data on the vector path take a variant.
-// flat: one-shot kernels (flat_forward_kernel; flat_backward_kernel where no bias gradient is
-//   wanted): a thread works on one 16-byte pack of one row and its block exits, as torch.compile's
-//   Triton forward does (101-104% of copy beside our 95-97%). 2048 threads an SM instead of 768
-//   (forward) / 512 (backward), and the block scheduler refills an SM as blocks finish, where the
-//   chunk loop leaves a warp with no loads in flight while it computes and stores.
-// flat_pdl: flat, every kernel of the op a programmatic dependent launch (forward -> backward ->
-//   bias-gradient fold -> next forward: a kernel's blocks take SMs while the previous one's last
-//   blocks finish).
-// flat_cs: flat_pdl with streaming cache hints in the one-shot kernels: data loads skip L1
-//   (L1::no_allocate), stores are evict-first (st.global.cs): every byte is touched once.
-enum class Variant { kDefault, kFlat, kFlatPdl, kFlatCs };
-
-Variant variant() {
-  static const Variant chosen = [] {
-    const char* name = std::getenv("APEX_SWIGLU_VARIANT");
-    if (name == nullptr) return Variant::kDefault;
-    if (std::strcmp(name, "flat") == 0) return Variant::kFlat;
-    if (std::strcmp(name, "flat_pdl") == 0) return Variant::kFlatPdl;
-    if (std::strcmp(name, "flat_cs") == 0) return Variant::kFlatCs;
-    return Variant::kDefault;
-  }();
-  return chosen;
-}
-
-bool dependent_launches() { return variant() == Variant::kFlatPdl || variant() == Variant::kFlatCs; }
-
-// One row of one 16-byte pack a thread, all its loads issued before any is used; blocks an SM must
-// hold: 8 x 256 threads (32 registers, no spills), 32 (forward) or 48 (backward) bytes of loads in
-// flight a thread: 64 / 96 KB an SM, where the chunk kernels keep up to 48 KB. Two rows a thread
-// spilled even at 64 registers (bf16), so the backward with a bias (and no bias gradient) keeps 40
-// registers (6 blocks an SM): at 32 it spilled 36 bytes.
+// ---- One-shot kernels: 16-bit data on the vector path, forward and the backward without a bias
+// gradient. A thread does one 16-byte pack of one row and its block exits (torch.compile's Triton
+// forward is built so: 101-104% of copy). They hold 32 registers: 8 blocks, 2048 threads an SM,
+// with 32 (forward) / 48 (backward) bytes of loads in flight a thread, 64 / 96 KB an SM, where the
+// chunk kernels keep 768 / 512 threads and ~48 KB; and the block scheduler refills an SM as blocks
+// finish, where a chunk kernel's warp has no loads in flight while it computes and stores. H200,
+// bf16, session 30: 102.5-104.0% of copy forward, 99.6-103.0% forward+backward, against the chunk
+// kernels' 95.0-96.2% / 96.1-97.7. On the vector path every kernel of a 16-bit op is a programmatic
+// dependent launch (forward -> backward -> bias-gradient fold -> next forward: each one's blocks take
+// SMs while the previous one's last blocks finish): +0.2-1.2% over ordinary launches. Evict-first hints
+// (L1::no_allocate loads, st.global.cs stores) lost 3-5% forward.
+//
+// Two rows a thread spilled even at 64 registers (bf16). The backward with a bias keeps 40 registers
+// (6 blocks an SM): at 32 it spilled 36 bytes.
 constexpr int kFlatBlocksPerSm = 8;
 constexpr int kFlatBiasBackwardBlocksPerSm = 6;
 
-// One 16-byte vector of 16-bit data read once: with kStream not allocated in L1.
-template <bool kStream, class T>
-C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, 8> load_once(const T* p) {
-  static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
-#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
-  if constexpr (kStream) {
-    uint32_t w[4];
-    // volatile: kept after the kernel's wait_for_prerequisite_grid (an asm without it may be hoisted).
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "l"(p));
-    AlignedVector<T, 8> v;
-    memcpy(&v, w, sizeof(w));
-    return v;
-  }
-#endif
-  return load_vector<8>(p, 0);
-}
-
-// Its store twin, always a global store (store_vector's is generic): with kStream evict-first
-// (st.global.cs).
-template <bool kStream, class T>
-C10_DEVICE C10_ALWAYS_INLINE void store_once(T* p, const AlignedVector<T, 8>& v) {
+// A 16-byte vector store that is always a global one (store_vector's is generic).
+template <class T>
+C10_DEVICE C10_ALWAYS_INLINE void store_global(T* p, const AlignedVector<T, 8>& v) {
 #if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
   uint32_t w[4];
   memcpy(w, &v, sizeof(w));
-  if constexpr (kStream) {
-    asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                 : "memory");
-  } else {
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                 : "memory");
-  }
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
 #else
   store_vector<8>(p, 0, v);
 #endif
@@ -306,12 +264,13 @@ C10_DEVICE C10_ALWAYS_INLINE float with_bias(const AlignedVector<T, 8>& v, const
 }
 
 // Row threadIdx.y of the row group at blockIdx.y, then every gridDim.y-th group (one pass unless
-// rows > 65535 * kRows). Each thread waits for the previous kernel (a dependent launch under
-// flat_pdl / flat_cs; a no-op otherwise) before its first access.
-template <class T, bool kBias, bool kStream>
+// rows > 65535 * kRows). Launched dependent: each thread waits for the previous kernel before its
+// first access.
+template <class T, bool kBias>
 __global__ void __launch_bounds__(kThreads, kFlatBlocksPerSm)
     flat_forward_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y, int64_t rows,
                         int64_t half) {
+  static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
   constexpr int kVec = 8;
   cuda::wait_for_prerequisite_grid();
   cuda::allow_dependent_launch();
@@ -324,23 +283,24 @@ __global__ void __launch_bounds__(kThreads, kFlatBlocksPerSm)
   }
   const int64_t step = static_cast<int64_t>(gridDim.y) * kRows;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < rows; r += step) {
-    const AlignedVector<T, kVec> gate = load_once<kStream>(x + r * 2 * half + col);
-    const AlignedVector<T, kVec> up = load_once<kStream>(x + r * 2 * half + half + col);
+    const AlignedVector<T, kVec> gate = load_vector<kVec>(x + r * 2 * half + col, 0);
+    const AlignedVector<T, kVec> up = load_vector<kVec>(x + r * 2 * half + half + col, 0);
     AlignedVector<T, kVec> out;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       out.value[k] = static_cast<T>(
           swiglu(with_bias<kBias>(gate, bias_gate, k), with_bias<kBias>(up, bias_up, k), FastSigmoid{}));
     }
-    store_once<kStream>(y + r * half + col, out);
+    store_global(y + r * half + col, out);
   }
 }
 
 // grad_x only (no bias gradient): the rows as flat_forward_kernel's.
-template <class T, bool kBias, bool kStream>
+template <class T, bool kBias>
 __global__ void __launch_bounds__(kThreads, kBias ? kFlatBiasBackwardBlocksPerSm : kFlatBlocksPerSm)
     flat_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ bias,
                          T* __restrict__ grad_x, int64_t rows, int64_t half) {
+  static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
   constexpr int kVec = 8;
   cuda::wait_for_prerequisite_grid();
   cuda::allow_dependent_launch();
@@ -353,9 +313,9 @@ __global__ void __launch_bounds__(kThreads, kBias ? kFlatBiasBackwardBlocksPerSm
   }
   const int64_t step = static_cast<int64_t>(gridDim.y) * kRows;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < rows; r += step) {
-    const AlignedVector<T, kVec> g = load_once<kStream>(grad_y + r * half + col);
-    const AlignedVector<T, kVec> gate = load_once<kStream>(x + r * 2 * half + col);
-    const AlignedVector<T, kVec> up = load_once<kStream>(x + r * 2 * half + half + col);
+    const AlignedVector<T, kVec> g = load_vector<kVec>(grad_y + r * half + col, 0);
+    const AlignedVector<T, kVec> gate = load_vector<kVec>(x + r * 2 * half + col, 0);
+    const AlignedVector<T, kVec> up = load_vector<kVec>(x + r * 2 * half + half + col, 0);
     AlignedVector<T, kVec> d_gate, d_up;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
@@ -364,8 +324,8 @@ __global__ void __launch_bounds__(kThreads, kBias ? kFlatBiasBackwardBlocksPerSm
       d_gate.value[k] = static_cast<T>(d.gate);
       d_up.value[k] = static_cast<T>(d.up);
     }
-    store_once<kStream>(grad_x + r * 2 * half + col, d_gate);
-    store_once<kStream>(grad_x + r * 2 * half + half + col, d_up);
+    store_global(grad_x + r * 2 * half + col, d_gate);
+    store_global(grad_x + r * 2 * half + half + col, d_up);
   }
 }
 
@@ -376,35 +336,26 @@ dim3 flat_grid(int64_t rows, int64_t half) {
               static_cast<unsigned>(std::min(groups, kMaxGridY)));
 }
 
-// kernel<<<grid, block>>>(args...), or a dependent launch under flat_pdl / flat_cs.
-template <class... Params, class... Args>
-void launch(const Cuda& device, void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
-  if (dependent_launches()) {
-    cuda::launch_dependent(device, kernel, grid, block, 0, cuda::stream(device), args...);
-  } else {
-    kernel<<<grid, block, 0, cuda::stream(device)>>>(args...);
-  }
-}
-
-// The one-shot forward (16-bit data, vector path); kBias and kStream picked at run time.
 template <class T>
 void flat_forward(const Cuda& device, const T* x, const T* bias, T* y, int64_t rows, int64_t half) {
   const dim3 grid = flat_grid(rows, half), block(kColumns, kRows);
-  const bool stream = variant() == Variant::kFlatCs;
-  if (bias != nullptr && stream) launch(device, flat_forward_kernel<T, true, true>, grid, block, x, bias, y, rows, half);
-  if (bias != nullptr && !stream) launch(device, flat_forward_kernel<T, true, false>, grid, block, x, bias, y, rows, half);
-  if (bias == nullptr && stream) launch(device, flat_forward_kernel<T, false, true>, grid, block, x, bias, y, rows, half);
-  if (bias == nullptr && !stream) launch(device, flat_forward_kernel<T, false, false>, grid, block, x, bias, y, rows, half);
+  const cudaStream_t stream = cuda::stream(device);
+  if (bias != nullptr) {
+    cuda::launch_dependent(device, flat_forward_kernel<T, true>, grid, block, 0, stream, x, bias, y, rows, half);
+  } else {
+    cuda::launch_dependent(device, flat_forward_kernel<T, false>, grid, block, 0, stream, x, bias, y, rows, half);
+  }
 }
 
 template <class T>
 void flat_backward(const Cuda& device, const T* g, const T* x, const T* bias, T* dx, int64_t rows, int64_t half) {
   const dim3 grid = flat_grid(rows, half), block(kColumns, kRows);
-  const bool stream = variant() == Variant::kFlatCs;
-  if (bias != nullptr && stream) launch(device, flat_backward_kernel<T, true, true>, grid, block, g, x, bias, dx, rows, half);
-  if (bias != nullptr && !stream) launch(device, flat_backward_kernel<T, true, false>, grid, block, g, x, bias, dx, rows, half);
-  if (bias == nullptr && stream) launch(device, flat_backward_kernel<T, false, true>, grid, block, g, x, bias, dx, rows, half);
-  if (bias == nullptr && !stream) launch(device, flat_backward_kernel<T, false, false>, grid, block, g, x, bias, dx, rows, half);
+  const cudaStream_t stream = cuda::stream(device);
+  if (bias != nullptr) {
+    cuda::launch_dependent(device, flat_backward_kernel<T, true>, grid, block, 0, stream, g, x, bias, dx, rows, half);
+  } else {
+    cuda::launch_dependent(device, flat_backward_kernel<T, false>, grid, block, 0, stream, g, x, bias, dx, rows, half);
+  }
 }
 
 }  // namespace
@@ -419,15 +370,14 @@ void forward(const Cuda& device, const ForwardArgs& args) {
     const int64_t chunks = row_chunks(device, args.rows, args.half);
     const int64_t chunk_rows = (args.rows + chunks - 1) / chunks;
     const dim3 block(kColumns, kRows);
-    if constexpr (sizeof(T) == 2) {
-      if (variant() != Variant::kDefault && vector_path<T>(args.half, {x, bias, y})) {
-        return flat_forward<T>(device, x, bias, y, args.rows, args.half);
-      }
-    }
     if (vector_path<T>(args.half, {x, bias, y})) {
-      constexpr int kVec = vector_width<T>();
-      forward_kernel<T, kVec><<<grid_for<kVec>(args.half, chunks), block, 0, cuda::stream(device)>>>(
-          x, bias, y, args.rows, args.half, chunk_rows);
+      if constexpr (sizeof(T) == 2) {
+        flat_forward<T>(device, x, bias, y, args.rows, args.half);
+      } else {
+        constexpr int kVec = vector_width<T>();
+        forward_kernel<T, kVec><<<grid_for<kVec>(args.half, chunks), block, 0, cuda::stream(device)>>>(
+            x, bias, y, args.rows, args.half, chunk_rows);
+      }
     } else {
       forward_kernel<T, 1><<<grid_for<1>(args.half, chunks), block, 0, cuda::stream(device)>>>(
           x, bias, y, args.rows, args.half, chunk_rows);
@@ -459,24 +409,21 @@ void backward(const Cuda& device, const BackwardArgs& args) {
     const auto run = [&](auto vec, auto with_bias_grad) {
       constexpr int kVec = decltype(vec)::value;
       constexpr bool kBiasGrad = decltype(with_bias_grad)::value;
-      if constexpr (sizeof(T) == 2 && kVec > 1 && kBiasGrad) {
-        if (dependent_launches()) {
-          return cuda::launch_dependent(device, backward_kernel<T, kVec, kBiasGrad, true>,
-                                        grid_for<kVec>(args.half, chunks), block, 0, stream, g, x, bias, dx, partials,
-                                        args.rows, args.half, chunk_rows);
-        }
+      // 16-bit data on the vector path: grad_x alone by the one-shot kernel; with the bias gradient
+      // by the chunk kernel (its per-column sums need the chunk loop), a dependent launch.
+      if constexpr (sizeof(T) == 2 && kVec > 1 && !kBiasGrad) {
+        flat_backward<T>(device, g, x, bias, dx, args.rows, args.half);
+      } else if constexpr (sizeof(T) == 2 && kVec > 1) {
+        cuda::launch_dependent(device, backward_kernel<T, kVec, kBiasGrad, true>, grid_for<kVec>(args.half, chunks),
+                               block, 0, stream, g, x, bias, dx, partials, args.rows, args.half, chunk_rows);
+      } else {
+        backward_kernel<T, kVec, kBiasGrad><<<grid_for<kVec>(args.half, chunks), block, 0, stream>>>(
+            g, x, bias, dx, partials, args.rows, args.half, chunk_rows);
       }
-      backward_kernel<T, kVec, kBiasGrad><<<grid_for<kVec>(args.half, chunks), block, 0, stream>>>(
-          g, x, bias, dx, partials, args.rows, args.half, chunk_rows);
     };
     constexpr int kWide = vector_width<T>();
     const bool wide = vector_path<T>(args.half, {g, x, bias, dx});
-    if constexpr (sizeof(T) == 2) {
-      if (variant() != Variant::kDefault && wide && !bias_grad && args.rows > 0) {  // no empty grid
-        return flat_backward<T>(device, g, x, bias, dx, args.rows, args.half);
-      }
-    }
-    if (args.rows > 0) {
+    if (args.rows > 0) {  // no empty grid
       if (wide && bias_grad) run(std::integral_constant<int, kWide>{}, std::true_type{});
       if (wide && !bias_grad) run(std::integral_constant<int, kWide>{}, std::false_type{});
       if (!wide && bias_grad) run(std::integral_constant<int, 1>{}, std::true_type{});
@@ -488,13 +435,12 @@ void backward(const Cuda& device, const BackwardArgs& args) {
       const unsigned blocks = cuda::grid_size(width, kThreads, kBlocksPerSm, device);
       const int64_t folded = args.rows > 0 ? chunks : 0;
       if constexpr (sizeof(T) == 2) {
-        if (dependent_launches()) {
-          return cuda::launch_dependent(device, fold_bias_grad_kernel<T, true>, dim3(blocks), dim3(kThreads), 0, stream,
-                                        partials, static_cast<T*>(args.grad_bias), folded, width);
-        }
+        cuda::launch_dependent(device, fold_bias_grad_kernel<T, true>, dim3(blocks), dim3(kThreads), 0, stream,
+                               partials, static_cast<T*>(args.grad_bias), folded, width);
+      } else {
+        fold_bias_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(partials, static_cast<T*>(args.grad_bias), folded,
+                                                                  width);
       }
-      fold_bias_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(partials, static_cast<T*>(args.grad_bias), folded,
-                                                                width);
     }
   });
   cuda::check_launch("fused_bias_swiglu_backward");

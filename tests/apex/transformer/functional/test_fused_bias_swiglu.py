@@ -83,7 +83,7 @@ def test_saturated_and_infinite_gates(device, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_16_bit_grad_x_alone(dtype):
     """grad_x alone with a bias, and without one (the historical backward; no rows too): their own
-    16-bit kernels under APEX_SWIGLU_VARIANT (flat_backward_kernel), apart from the bias-gradient ones."""
+    16-bit one-shot kernels (flat_backward_kernel), apart from the bias-gradient ones."""
     for shape in GPU_SHAPES + [(0, 2 * 8)]:
         x = torch.randn(shape, device="cuda").to(dtype)
         bias = torch.randn(shape[-1], device="cuda").to(dtype)
@@ -95,8 +95,8 @@ def test_16_bit_grad_x_alone(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_rows_past_one_grid_pass(with_bias):
-    """65535 * 8 + 13 rows: more groups of 8 rows than a grid's 65535 (the one-shot kernels of
-    APEX_SWIGLU_VARIANT walk the rest), with a partial last group."""
+    """65535 * 8 + 13 rows: more groups of 8 rows than a grid's 65535 (the 16-bit one-shot kernels
+    walk the rest), with a partial last group."""
     rows = 65535 * 8 + 13
     x = torch.randn(rows, 2 * 8, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(2 * 8, device="cuda", dtype=torch.bfloat16) if with_bias else None
