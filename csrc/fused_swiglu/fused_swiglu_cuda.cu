@@ -233,10 +233,10 @@ dim3 grid_for(int64_t half, int64_t chunks) {
 // chunk kernels keep 768 / 512 threads and ~48 KB; and the block scheduler refills an SM as blocks
 // finish, where a chunk kernel's warp has no loads in flight while it computes and stores. H200,
 // bf16, session 30: 102.5-104.0% of copy forward, 99.6-103.0% forward+backward, against the chunk
-// kernels' 95.0-96.2% / 96.1-97.7. On the vector path every kernel of a 16-bit op is a programmatic
-// dependent launch (forward -> backward -> bias-gradient fold -> next forward: each one's blocks take
-// SMs while the previous one's last blocks finish): +0.2-1.2% over ordinary launches. Evict-first hints
-// (L1::no_allocate loads, st.global.cs stores) lost 3-5% forward.
+// kernels' 95.0-96.2% / 96.1-97.7. On the vector path every kernel of a 16-bit op is a
+// programmatic dependent launch (forward -> backward -> bias-gradient fold -> next forward: each
+// one's blocks take SMs while the previous one's last blocks finish): +0.2-1.2% over ordinary
+// launches. Evict-first hints (L1::no_allocate loads, st.global.cs stores) lost 3-5% forward.
 //
 // Two rows a thread spilled even at 64 registers (bf16). The backward with a bias keeps 40 registers
 // (6 blocks an SM): at 32 it spilled 36 bytes.
