@@ -159,27 +159,24 @@ bool supports_clusters(Kernel kernel, const Cuda& device) {
 #endif
 }
 
-// Clusters of `cluster` blocks of `kernel` (`threads` each, `smem` bytes of dynamic shared memory) the device
+// Clusters of `cluster` blocks of `kernel` (`threads` each, no dynamic shared memory) the device
 // runs at once, asked once per kernel, shape and device. Not sm_count / cluster: a cluster's blocks
 // share a GPC, and SMs a GPC cannot fill with whole clusters stay idle; a persistent grid sized
 // past what is resident would run its last clusters as a second wave. 0: the shape cannot run.
 template <class Kernel>
-int resident_clusters(Kernel kernel, int threads, int cluster, const Cuda& device, size_t smem = 0) {
+int resident_clusters(Kernel kernel, int threads, int cluster, const Cuda& device) {
 #if defined(USE_ROCM)
   return 0;
 #else
   static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int, int, size_t>, int> cache;
+  static std::map<std::tuple<const void*, int, int, int>, int> cache;
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, cluster, device.device, smem);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, cluster, device.device);
   const auto found = cache.find(key);
   if (found != cache.end()) return found->second;
-  // Opts the kernel in to smem past the default 48 KB first (the query fails without it).
-  if (smem > 0) cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem, device.device);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(cluster));
   config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
   attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
@@ -284,17 +281,17 @@ void launch_block_kernel(Kernel kernel, const Plan& plan, const Args& args, cons
 
 // The row kernel: persistent, one block (cluster) per row up to what is resident at once, each
 // taking a contiguous range of rows (strided for causal rows, whose lengths grow with the row).
-// `clusters`: resident_clusters() of the plan's shape (cluster > 1); `smem`: dynamic shared memory per block.
+// `clusters`: resident_clusters() of the plan's shape (cluster > 1).
 template <class Kernel, class Args>
-void launch_row_kernel(Kernel kernel, const Plan& plan, int clusters, size_t smem, const Args& args,
-                       const Cuda& device, const char* op) {
+void launch_row_kernel(Kernel kernel, const Plan& plan, int clusters, const Args& args, const Cuda& device,
+                       const char* op) {
   int64_t resident = clusters;
   if (plan.cluster == 1) {
     resident = static_cast<int64_t>(cuda::sm_count(device.device)) *
-               cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), plan.threads, smem, device.device);
+               cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), plan.threads, 0, device.device);
   }
   const int64_t blocks = std::max<int64_t>(1, std::min(args.rows, resident)) * plan.cluster;
-  launch_clustered(kernel, plan, blocks, smem, device, op, args);
+  launch_clustered(kernel, plan, blocks, 0, device, op, args);
 }
 
 // Rows a warp-kernel lane takes at once for kPacks vectors per row of a lane budget of kBudget.
@@ -319,21 +316,15 @@ void launch_warp_kernel(void (*const (&kernels)[kInstances])(Args, int), const P
   cuda::check_launch(op);
 }
 
-// The row kernel's block size and shared memory (run_rows).
-struct RowShape {
-  int max_threads = kMaxRowThreads;  // threads a block has at most (the row is split over a cluster past it)
-  size_t smem_per_thread = 0;        // dynamic shared memory per thread, bytes
-};
-
 // Runs a forward or backward over args.rows rows of args.cols: the warp kernel instance for the
 // plan's vectors per row (warp_kernels[k]: 2^k, with rows_per_lane() rows per lane), the
 // row kernel (`row_kernel`, null where the data is not in vectors: it takes only vector data, the
 // block kernel the rest), or the block kernel. `row_vectors`: vectors per thread per tensor of the
-// row kernel; `stage_bytes_per_column`: see plan_block. `row`: the row kernel's block size and shared memory.
+// row kernel; `stage_bytes_per_column`: see plan_block.
 template <class Args, class RowKernel, class BlockKernel, size_t kInstances>
 void run_rows(const Args& args, const Cuda& device, int vec, int row_vectors, double stage_bytes_per_column,
               RowKernel row_kernel, BlockKernel block_kernel, void (*const (&warp_kernels)[kInstances])(Args, int),
-              const char* op, const RowShape& row = {}) {
+              const char* op) {
   Plan plan{};
   plan.vec = vec;
   const int64_t vectors = ceil_div(args.cols, vec);
@@ -344,15 +335,14 @@ void run_rows(const Args& args, const Cuda& device, int vec, int row_vectors, do
   }
   if (row_kernel != nullptr) {
     // The fewest blocks (a power of two, a cluster past one) whose threads hold the row.
-    const int64_t per_block = int64_t{row.max_threads} * row_vectors;
+    const int64_t per_block = int64_t{kMaxRowThreads} * row_vectors;
     int cluster = 1;
     while (cluster < kMaxCluster && cluster * per_block < vectors) cluster *= 2;
     if (cluster * per_block >= vectors && (cluster == 1 || supports_clusters(row_kernel, device))) {
       plan_row(plan, vectors, row_vectors, cluster);
-      const size_t smem = row.smem_per_thread * static_cast<size_t>(plan.threads);
-      const int clusters = cluster == 1 ? 1 : resident_clusters(row_kernel, plan.threads, cluster, device, smem);
+      const int clusters = cluster == 1 ? 1 : resident_clusters(row_kernel, plan.threads, cluster, device);
       if (clusters > 0) {
-        launch_row_kernel(row_kernel, plan, clusters, smem, args, device, op);
+        launch_row_kernel(row_kernel, plan, clusters, args, device, op);
         return;
       }
     }

@@ -4,9 +4,6 @@
 // columns up to the diagonal and write zeros past it without reading anything.
 // forward_as<T> is instantiated once per dtype, each in a unit of its own (softmax_forward_<dtype>.cu),
 // so that ninja compiles the dtypes in parallel: as one unit they were the op's slowest.
-#include <cstdlib>
-#include <string>
-
 #include "apex/packed_pairs.cuh"
 #include "softmax_cuda.cuh"
 
@@ -793,150 +790,6 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, 
   if (cluster > 1) exchange_finish();
 }
 
-// ---- the row kernel with two rows in flight (variant "ahead", APEX_SOFTMAX_VARIANT) -------------
-//
-// row_forward issues row n + 1's loads at the start of row n and cannot issue row n + 2's before
-// row n is written: its registers hold row n (as data, then as kept exponentials) until the output
-// pass. A thread whose row n + 1 lands before its block (cluster) has finished row n (the barrier
-// and the exchange wait for the slowest of 8-16K loads) has nothing in flight until then.
-// row_forward_ahead keeps the exponentials in shared memory instead (each thread its own 16-byte
-// slots: no barrier, one STS.128 and one LDS.128 per vector), so the registers of row n are free as
-// soon as its sum pass ends and take row n + 2's loads before the barrier: two rows in flight
-// through every reduction. Rows without a causal bound, with no mask or a mask shared by 2 or more
-// heads (the mask row changes at most every other row: see issue below); run() sends the rest to
-// row_forward.
-template <class T, int kVec>
-struct AheadRow {
-  Packed<T, kVec> v[kRowForwardVectors];
-  int64_t offset;  // of the row's first element
-  bool new_mask;   // the row loaded its mask row (into `mask_bytes`): its (b, q) differs from the previous row's
-};
-
-template <class T, int kVec>
-__global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward_ahead(ForwardArgs a, Plan plan) {
-  constexpr int kVectors = kRowForwardVectors;
-  constexpr uint32_t kAll = (1u << kVec) - 1u;
-  static_assert(kVectors * kVec <= 32, "a thread's mask bits fit one 32-bit word");
-  static_assert(sizeof(Kept<T, kVec>) == sizeof(uint4), "a vector's kept exponentials fill one 16-byte slot");
-  extern __shared__ float4 dynamic_smem[];  // kVectors slots per thread: vector k of thread i at k * blockDim.x + i
-  __shared__ Stats scratch[2][kMaxRowWarps];
-  __shared__ ClusterExchange<Stats> cluster_stats;
-  uint4* const slots = reinterpret_cast<uint4*>(dynamic_smem) + threadIdx.x;
-  const T* x = static_cast<const T*>(a.x);
-  T* y = static_cast<T*>(a.y);
-  const float scale = a.scale * kLog2e;
-  const bool head_fastest = heads_share_mask(a);
-  const int cluster = plan.cluster;
-  const int begin = cluster_rank() * static_cast<int>(plan.chunk);
-  const int end = static_cast<int>(std::min<int64_t>(begin + plan.chunk, a.cols));
-  const int col0 = begin + static_cast<int>(threadIdx.x) * kVec, stride = static_cast<int>(blockDim.x) * kVec;
-  const auto column = [&](int k) { return col0 + k * stride; };
-  const BlockRows rows(a.rows, cluster, false);
-  if (cluster > 1) exchange_init(cluster_stats);
-
-  // The mask row last loaded (bytes, until the row that needs it turns them into `bits`). With a mask
-  // the heads of one (b, q) share its row (run() sends other masks to row_forward), visited
-  // head-fastest: the block's first row and each head 0 load it. A row is converted two issues
-  // after its loads, so two consecutive rows may not both load: heads >= 2 keeps head-0 rows apart,
-  // and the first row is converted at once. (Comparing mask pointers instead, as row_forward does,
-  // took two registers more, which spilled.)
-  MaskBytes<kVec> mask_bytes[kVectors];
-  uint32_t bits = 0;  // bit k * kVec + e: element e of vector k is masked, for the row being reduced
-  RowIndex issued = a.mask != nullptr ? row_at(a, rows.first, head_fastest) : RowIndex{};
-  // Row t's loads into r (vectors at or past the chunk's end are not loaded: dropped whole).
-  const auto issue = [&](int64_t t, AheadRow<T, kVec>& r) {
-    r.new_mask = false;
-    if (a.mask == nullptr) {
-      r.offset = t * a.cols;
-    } else {
-      if (t != rows.first) next_row(a, issued, head_fastest);
-      r.offset = row_offset(a, issued);
-    }
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
-      if (column(k) < end) r.v[k] = Packed<T, kVec>::load(x, r.offset + column(k));
-    }
-    if (a.mask != nullptr) {
-      r.new_mask = t == rows.first || issued.h == 0;
-      if (r.new_mask) {
-        const uint8_t* const mask = mask_row(a, issued);
-#pragma unroll
-        for (int k = 0; k < kVectors; ++k) {
-          if (column(k) < end) mask_bytes[k] = MaskBytes<kVec>::load(mask, column(k));
-        }
-      }
-    }
-  };
-  const auto take_mask = [&]() {
-    bits = 0;
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) bits |= mask_bytes[k].bits() << (k * kVec);
-  };
-
-  AheadRow<T, kVec> even, odd;  // rows n with n even / odd (the loop below is unrolled by two)
-#pragma unroll
-  for (int k = 0; k < kVectors; ++k) {
-    even.v[k] = odd.v[k] = Packed<T, kVec>::zero();
-    mask_bytes[k] = MaskBytes<kVec>::zero();
-  }
-  even.offset = odd.offset = 0;
-  even.new_mask = odd.new_mask = false;
-  if (rows.first < rows.end) {
-    issue(rows.first, even);
-    if (even.new_mask) take_mask(), even.new_mask = false;  // before the next row may load another
-    if (rows.first + 1 < rows.end) issue(rows.first + 1, odd);
-  }
-
-  // Row t (the block's n-th), whose loads are in r; r takes row t + 2's once the sum pass is done.
-  const auto reduce = [&](int64_t t, uint32_t n, AheadRow<T, kVec>& r) {
-    if (r.new_mask) take_mask();
-    LoadedMax<T> most;
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
-      // Every vector takes part (dropped where past the chunk: 0 in the sum, not stored), as in
-      // row_forward's keeping path.
-      const uint32_t dropped = ((bits >> (k * kVec)) | bits_past<kVec>(end - column(k))) & kAll;
-      if (warp_any(dropped != 0)) drop_elements(r.v[k], Dropped<kVec>::from_bits(dropped));
-      most.absorb(r.v[k]);
-      if constexpr (LoadedMax<T>::template converts<kVec>()) launder(r.v[k]);
-    }
-    const float own_max = most.value() * scale, shifted = exp_base(own_max) - kKeepShift;
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
-      Kept<T, kVec> e;
-      sum = keep_exps(r.v[k], scale, shifted, e, sum);
-      uint4 slot;
-      memcpy(&slot, &e, sizeof(slot));
-      slots[k * blockDim.x] = slot;
-    }
-    T* const row_y = y + r.offset + col0;
-    if (t + 2 < rows.end) issue(t + 2, r);
-    Stats stats = block_stats_once(Stats{own_max - kKeepShift, sum}, scratch, static_cast<int>(n & 1u));
-    if (cluster > 1) stats = exchange(cluster_stats, stats, MergeStats{}, Stats::empty(), cluster, n);
-    const float factor = keep_factor(shifted, stats);
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
-      const uint4 slot = slots[k * blockDim.x];
-      Kept<T, kVec> e;
-      memcpy(&e, &slot, sizeof(e));
-      store_vector_if(column(k) < end, row_y + k * stride, kept_outputs(e, factor));
-    }
-  };
-
-  uint32_t n = 0;
-  for (int64_t t = rows.first; t < rows.end; t += 2, n += 2) {
-    reduce(t, n, even);
-    if (t + 1 < rows.end) reduce(t + 1, n + 1, odd);
-  }
-  if (cluster > 1) exchange_finish();
-}
-
-// Whether row_forward_ahead takes the call's rows (when the row kernel does): see above.
-inline bool row_ahead_fits(const ForwardArgs& a) {
-  return !a.causal && (a.mask == nullptr || (a.mask_head_stride == 0 && a.heads > 1));
-}
-
 // ---- rows without a causal bound: each exponential computed once -------------------------------
 //
 // warp_forward computes exp2(x * scale - base) twice per element, in the sum pass and again in
@@ -1152,19 +1005,6 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm) block_forwa
   }
 }
 
-// A/B switch (temporary; the lead keeps the winner): APEX_SOFTMAX_VARIANT=ahead takes row_forward_ahead
-// for the rows it fits, ahead512 the same in blocks of 512 threads (two an SM, each half the row
-// chunk: 32K bf16 rows in clusters of 2, 64K in clusters of 4). Read once.
-enum class RowVariant { kDefault, kAhead, kAhead512 };
-inline RowVariant row_variant() {
-  static const RowVariant variant = [] {
-    const char* env = std::getenv("APEX_SOFTMAX_VARIANT");
-    const std::string name = env != nullptr ? env : "";
-    return name == "ahead" ? RowVariant::kAhead : name == "ahead512" ? RowVariant::kAhead512 : RowVariant::kDefault;
-  }();
-  return variant;
-}
-
 template <class T, int kVec>
 void run(const ForwardArgs& args, const Cuda& device) {
   static_assert(kWarpForwardVectors == 8, "one warp kernel instance per power of two up to kWarpForwardVectors");
@@ -1203,17 +1043,8 @@ void run(const ForwardArgs& args, const Cuda& device) {
       }
     }
   }
-  RowShape row_shape;
-  if constexpr (kVec > 1) {
-    const RowVariant variant = row_variant();
-    if (variant != RowVariant::kDefault && row_ahead_fits(args)) {
-      row_kernel = row_forward_ahead<T, kVec>;
-      row_shape.smem_per_thread = kRowForwardVectors * sizeof(uint4);
-      if (variant == RowVariant::kAhead512) row_shape.max_threads = kMaxRowThreads / 2;
-    }
-  }
   run_rows(args, device, kVec, kRowForwardVectors, stage_bytes_per_column, row_kernel, block_forward<T, kVec>,
-           warp_kernels, "fused_softmax forward", row_shape);
+           warp_kernels, "fused_softmax forward");
 }
 
 }  // namespace

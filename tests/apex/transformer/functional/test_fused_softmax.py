@@ -347,15 +347,13 @@ def test_long_rows_at_row_kernel_thresholds(dtype, mask_kind):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mask_kind", ["shared", "per_batch", "none"])
 def test_long_rows_few_rows_per_block_two_heads(dtype, mask_kind):
-    """Long rows without a causal bound, for the row kernels that issue rows ahead (APEX_SOFTMAX_VARIANT
-    ahead / ahead512: two rows in flight, a loop unrolled by two, the mask row loaded at each (b, q)'s
-    first head and at a block's first row): 1, 2 and 3 rows in all (blocks with one row or none), and
-    ~2.5 and ~5 rows per block (odd and even counts, blocks starting at either head); 2 heads (the
-    mask row changes every other row, the most often those kernels take), [1, 1, sq, sk] and
-    [2, 1, 1, sk] masks and none; widths at the block / cluster sizes of 1024- and 512-thread blocks
-    and one vector past them. Every row checked."""
+    """Long rows without a causal bound in the row kernel with few rows per block: 1, 2 and 3 rows in
+    all (blocks with one row or none), and ~2.5 and ~5 rows per block (odd and even counts, blocks
+    starting at either head); 2 heads (a shared mask row changes every other row), [1, 1, sq, sk] and
+    [2, 1, 1, sk] masks and none; widths at half a block, a block and a 2-block cluster, and one
+    vector past them. Every row checked."""
     per_vector = 128 // torch.finfo(dtype).bits
-    half, block = 2 * 1024 * per_vector, 4 * 1024 * per_vector  # a 512- / 1024-thread block's row
+    half, block = 2 * 1024 * per_vector, 4 * 1024 * per_vector  # half a block's row, a (1024-thread) block's row
     for sk in (half + per_vector, block, block + per_vector, 2 * block):
         for b, heads, sq in ((1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 2, 165), (2, 2, 165)):
             x = torch.randn(b, heads, sq, sk, device="cuda").to(dtype) * 4
