@@ -345,6 +345,35 @@ def test_long_rows_at_row_kernel_thresholds(dtype, mask_kind):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_kind", ["shared", "per_batch", "none"])
+def test_long_rows_few_rows_per_block_two_heads(dtype, mask_kind):
+    """Long rows without a causal bound in the row kernel with few rows per block: 1, 2 and 3 rows in
+    all (blocks with one row or none), and ~2.5 and ~5 rows per block (odd and even counts, blocks
+    starting at either head); 2 heads (a shared mask row changes every other row), [1, 1, sq, sk] and
+    [2, 1, 1, sk] masks and none; widths at half a block, a block and a 2-block cluster, and one
+    vector past them. Every row checked."""
+    per_vector = 128 // torch.finfo(dtype).bits
+    half, block = 2 * 1024 * per_vector, 4 * 1024 * per_vector  # half a block's row, a (1024-thread) block's row
+    for sk in (half + per_vector, block, block + per_vector, 2 * block):
+        for b, heads, sq in ((1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 2, 165), (2, 2, 165)):
+            x = torch.randn(b, heads, sq, sk, device="cuda").to(dtype) * 4
+            x[0, -1, sq // 2, ::5] = float("-inf")
+            if mask_kind == "none":
+                y = ops().scaled_softmax_forward(x, 0.6)
+                check(y, reference(x, 0.6), TOL[dtype])
+            else:
+                mask = padding_mask(b, 1 if mask_kind == "per_batch" else sq, sk, "cuda", fully_masked=False)
+                mask[-1, 0, -1] = True  # a fully masked row (every query's, for a [b, 1, 1, sk] mask)
+                y = ops().scaled_masked_softmax_forward(x, mask, 0.6)
+                check(y, reference(x, 0.6, mask.expand_as(x)), TOL[dtype])
+                assert (y[-1, :, -1] == 0).all()
+                del mask
+            del x, y
+            torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_causal_row_kernel_many_rows_per_block(dtype):
     """Causal rows long enough for the row kernel (strided over the blocks, each block taking many
     rows of growing length; a cluster where the row exceeds one block)."""
