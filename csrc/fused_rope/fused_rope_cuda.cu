@@ -13,7 +13,11 @@
 //    tables). sincosf gives the bits of cosf and sinf (same reduction and polynomials in the PTX),
 //    so results are unchanged. A cheaper reduction (Cody-Waite by 2 pi, then __sincosf) would be
 //    off by up to ~5e-7: at the tests' 16-bit tolerances (1e-3 for half) such a change of cos flips
-//    its rounding to half for ~1e-3 of the table and can fail outputs that cancel, so it is not used;
+//    its rounding to half for ~1e-3 of the table and can fail outputs that cancel, so it is not used.
+//    sincosf's own fast path written inline, without the Payne-Hanek reduction behind each call (same
+//    bits; 116 registers instead of 125, the same 2 blocks an SM), was 0-1.3% slower on an H200: the
+//    trig's instruction count is not what limits this kernel, its bytes in flight are (benchmarks/
+//    transformer/NOTES.md, session 30);
 //  - per-token index work is additions: (i0, i1) advances by a precomputed quotient and remainder,
 //    units and dims are 32-bit ints, no division per element (64-bit offsets for the pointers only,
 //    so >2^31-element tensors still work);
@@ -24,7 +28,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -34,7 +37,6 @@
 #include "fused_rope.h"
 #include "rope_math.h"
 #include "rope_plan.h"
-#include "sincos_fast_path.cuh"
 
 namespace apex::fused_rope {
 namespace {
@@ -55,12 +57,6 @@ constexpr bool kPackedMath = false;
 #else
 constexpr bool kPackedMath = true;
 #endif
-
-// How angle tables become cos/sin (APEX_ROPE_VARIANT, read once in launch_rope; all give sincosf's bits):
-//   kSincosf  sincosf per angle, its Payne-Hanek path inlined behind each;
-//   kFastPath sincos_fast_path.cuh for a unit whose angles are all under sincosf's fast-path limit,
-//             else sincosf for all of them (a branch the unit's threads rarely take).
-enum class Trig { kSincosf, kFastPath };
 
 // What the kernel needs beyond RopeArgs, worked out once on the host.
 struct Plan {
@@ -251,7 +247,7 @@ C10_DEVICE C10_ALWAYS_INLINE void set_pair(Coefficients& k, int p, float ca, flo
 // interleaved: 2 * kVec adjacent columns, a at the even ones). Angle tables take one sincosf per
 // angle, and one per pair whose two angles are the same bits (equal inputs give equal outputs, so
 // only the work changes: the usual tables, cat(f, f) and repeat_interleave(f, 2), are all such pairs).
-template <class T, int kVec, bool kInterleaved, Trig kTrig>
+template <class T, int kVec, bool kInterleaved>
 C10_DEVICE C10_ALWAYS_INLINE void unit_coefficients(const Table& t, bool vectors, int64_t pos, int col_a, int col_b,
                                                     bool backward, Coefficients<T, kVec, kInterleaved>& k) {
   const bool f32 = t.dtype == Dtype::kFloat32;
@@ -271,31 +267,17 @@ C10_DEVICE C10_ALWAYS_INLINE void unit_coefficients(const Table& t, bool vectors
   read(t.cos, first_a, first_b);
   const bool cached = t.sin != nullptr;
   if (cached) read(t.sin, sin_a, sin_b);
-  bool fast = kTrig == Trig::kFastPath;
-  if constexpr (kTrig == Trig::kFastPath) {
-#pragma unroll
-    for (int p = 0; p < kVec; ++p) {
-      fast = fast && !(fabsf(first_a[p]) >= kSincosFastPathLimit) && !(fabsf(first_b[p]) >= kSincosFastPathLimit);
-    }
-  }
-  const auto sincos = [&](float x, float& s, float& c) {
-    if (kTrig == Trig::kFastPath && __builtin_expect(fast, true)) {
-      sincos_fast_path(x, s, c);
-    } else {
-      sincosf(x, &s, &c);
-    }
-  };
 #pragma unroll
   for (int p = 0; p < kVec; ++p) {
     float ca, sa, cb, sb;
     if (cached) {
       ca = first_a[p], sa = sin_a[p], cb = first_b[p], sb = sin_b[p];
     } else {
-      sincos(first_a[p], sa, ca);
+      sincosf(first_a[p], &sa, &ca);
       if (__float_as_uint(first_b[p]) == __float_as_uint(first_a[p])) {
         cb = ca, sb = sa;
       } else {
-        sincos(first_b[p], sb, cb);
+        sincosf(first_b[p], &sb, &cb);
       }
     }
     set_pair(k, p, round_to<T>(ca), round_to<T>(sa), round_to<T>(cb), round_to<T>(sb), backward);
@@ -373,7 +355,7 @@ C10_DEVICE C10_ALWAYS_INLINE TokenPositions positions_of(const RopeArgs& a, cons
 // ---- the kernel -----------------------------------------------------------------------------------
 
 // One unit of one token, for heads [h_begin, h_end).
-template <class T, int kVec, bool kInterleaved, Trig kTrig>
+template <class T, int kVec, bool kInterleaved>
 C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan, const Unit& u,
                                             const TokenPositions& where, const T* x_token, T* out_token,
                                             int h_begin, int h_end) {
@@ -412,9 +394,8 @@ C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan,
     const int64_t pos = u.section == 0 ? where.pos[0] : where.pos[1];
     CUDA_KERNEL_ASSERT(pos >= 0 && pos < table.rows && "RoPE position outside the table");
     const int base = u.section * plan.map.width;  // the unit's columns in its section's table
-    unit_coefficients<T, kVec, kInterleaved, kTrig>(table,
-                                                    u.section == 0 ? plan.table_vectors[0] : plan.table_vectors[1],
-                                                    pos, u.ea - base, u.eb - base, a.backward, coefficients);
+    unit_coefficients<T, kVec, kInterleaved>(table, u.section == 0 ? plan.table_vectors[0] : plan.table_vectors[1],
+                                             pos, u.ea - base, u.eb - base, a.backward, coefficients);
   } else {  // no position: the identity rotation (an exact copy); copied units: unused
     identity_coefficients<kVec>(a.backward, coefficients);
   }
@@ -425,7 +406,7 @@ C10_DEVICE C10_ALWAYS_INLINE void rope_unit(const RopeArgs& a, const Plan& plan,
   }
 }
 
-template <class T, int kVec, Trig kTrig>
+template <class T, int kVec>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(const RopeArgs a, const Plan plan) {
   // A programmatic dependent launch (launch_rope): this grid may start while the stream's previous
   // kernel finishes, so it waits for that kernel before touching memory, and lets the next kernel's
@@ -452,9 +433,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(cons
     for (int k = threadIdx.x; k < map.units; k += blockDim.x) {
       const Unit u = unit_at(map, k);
       if (kVec > 1 && map.interleaved) {  // (kVec == 1: interleaved pairs are the half-split unit's)
-        rope_unit<T, kVec, true, kTrig>(a, plan, u, where, x_token, out_token, h_begin, h_end);
+        rope_unit<T, kVec, true>(a, plan, u, where, x_token, out_token, h_begin, h_end);
       } else {
-        rope_unit<T, kVec, false, kTrig>(a, plan, u, where, x_token, out_token, h_begin, h_end);
+        rope_unit<T, kVec, false>(a, plan, u, where, x_token, out_token, h_begin, h_end);
       }
     }
     i0 += step0;
@@ -481,30 +462,19 @@ bool table_vectors(const Table& t, size_t element_size) {
   return rows && is_aligned(t.cos) && (t.sin == nullptr || is_aligned(t.sin));
 }
 
-// The A/B switch APEX_ROPE_VARIANT, read once: "fast_path" takes Trig::kFastPath.
-Trig chosen_trig() {
-  static const Trig trig = [] {
-    const char* variant = std::getenv("APEX_ROPE_VARIANT");
-    return variant != nullptr && std::strcmp(variant, "fast_path") == 0 ? Trig::kFastPath : Trig::kSincosf;
-  }();
-  return trig;
-}
-
 template <class T, int kVec>
 void launch_rope(const RopeArgs& a, const Cuda& device) {
-  const auto kernel = chosen_trig() == Trig::kFastPath ? rope_kernel<T, kVec, Trig::kFastPath>
-                                                       : rope_kernel<T, kVec, Trig::kSincosf>;
   const int64_t tokens = a.outer0 * a.outer1;
   Plan plan{};
   plan.map = unit_map(kVec, a.dim, a.width, a.sections, a.interleaved);
   plan.tokens32 = a.outer1 <= UINT32_MAX && (a.positions != Positions::kImage || a.image_width <= UINT32_MAX);
   for (int s = 0; s < a.sections; ++s) plan.table_vectors[s] = table_vectors(a.tables[s], sizeof(T));
   LaunchPlan launch = block_shape(tokens, plan.map);
-  const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel),
+  const int per_sm = cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(rope_kernel<T, kVec>),
                                                   launch.cols * launch.rows, 0, device.device);
   grid_shape(tokens, a.heads, static_cast<int64_t>(cuda::device_limits(device.device).sms) * per_sm, launch);
   plan.heads_per_group = launch.heads_per_group;
-  cuda::launch_dependent(device, kernel, dim3(launch.blocks, launch.groups), dim3(launch.cols, launch.rows),
+  cuda::launch_dependent(device, rope_kernel<T, kVec>, dim3(launch.blocks, launch.groups), dim3(launch.cols, launch.rows),
                          0, cuda::stream(device), a, plan);
 }
 

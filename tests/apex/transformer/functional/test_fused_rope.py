@@ -439,9 +439,9 @@ def _trig_sweep(device):
 @pytest.mark.gpu
 def test_angle_trig_matches_sincosf_bit_for_bit():
     """cos and sin of the kernel's angle tables are CUDA's sincosf's (torch.cos / torch.sin on the GPU
-    are), bit for bit over _trig_sweep and its negatives, whatever APEX_ROPE_VARIANT computes them with:
+    are), bit for bit over _trig_sweep and its negatives, on both sides of sincosf's fast-path limit:
     float32 data of ones and zeros, so that the outputs are the coefficients themselves (-0 and +0 compare
-    equal; NaN equals NaN). Angles pairs as a unit holds them: a and b different, and the same (one
+    equal; NaN equals NaN). Angles paired as a unit holds them: a and b different, and the same (one
     sincos for both)."""
     m = 64  # angles per half of a table row: d = 2m, 8 rotated units of float32 vectors a token
     x = _trig_sweep("cuda")
@@ -466,7 +466,8 @@ def test_bench_shapes_match_the_composite_exactly(dtype):
     """benchmarks/transformer/bench_rope.py's cases (random angle tables, as it draws them) forward and
     backward bit for bit against the composite in the data's dtype (which rounds torch's cos/sin, that is
     sincosf's, to 16 bits), and one whose angles pass sincosf's fast-path limit (105615) with probability
-    ~3.5% each: about half of the units then take the kernel's fallback, beside units that do not."""
+    ~3.5% each: about half of the units then hold an angle that takes sincosf's Payne-Hanek reduction,
+    beside units whose angles all take its fast path."""
     torch.manual_seed(0)
     cases = [((4096, 2, 32, 128), 128, "sbhd", 1.0), ((1, 8192, 32, 128), 128, "bshd", 1.0),
              ((1, 32768, 8, 128), 128, "bshd", 1.0), ((2, 4096, 64, 128), 128, "bshd", 1.0),
