@@ -484,6 +484,31 @@ def test_bench_shapes_match_the_composite_exactly(dtype):
         assert torch.equal(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0]), (shape, rotary)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_16bit_head_walk_matches_the_composite_exactly(dtype, interleaved):
+    """A thread's walk over a token's heads, forward and backward bit for bit against the composite:
+    every head count from 1 to 9 around the 4 heads it keeps in flight (with 64K tokens, ~10 loops of the grid's
+    blocks: rope_plan.h's grid_shape then keeps the heads in one group, so a thread walks them all),
+    a token with many heads (split over head groups), partial rotary dims (copied units beside rotated
+    ones), heads wider than a block of units (d = 4096), and heads apart in memory (x's head stride is
+    not d)."""
+    torch.manual_seed(0)
+    shapes = [(32768, 2, h, 128, 128) for h in range(1, 10)]
+    shapes += [(2, 1, 130, 64, 32), (1, 1, 64, 128, 128), (9, 2, 5, 128, 64), (2, 1, 3, 4096, 4096)]
+    for s, b, h, d, d2 in shapes:
+        freqs = torch.randn(s, 1, 1, d2, device="cuda") * 20
+        for t in (torch.randn(s, b, h, d, device="cuda").to(dtype),
+                  torch.randn(s, h, b, d, device="cuda").to(dtype).transpose(1, 2)):
+            t = t.detach().requires_grad_()
+            out = fused_apply_rotary_pos_emb(t, freqs, interleaved=interleaved)
+            expected = reference(t, freqs.cos(), freqs.sin(), interleaved)
+            assert torch.equal(out, expected), (s, b, h, d, d2)
+            g = torch.randn_like(out)
+            assert torch.equal(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0]), (s, b, h, d)
+
+
 # ---- the CUDA kernel's work split (csrc/fused_rope/rope_plan.h), checked on the CPU ------------------
 
 PLAN_CHECK = r"""
