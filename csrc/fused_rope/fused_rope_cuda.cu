@@ -13,7 +13,11 @@
 //    tables). sincosf gives the bits of cosf and sinf (same reduction and polynomials in the PTX),
 //    so results are unchanged. A cheaper reduction (Cody-Waite by 2 pi, then __sincosf) would be
 //    off by up to ~5e-7: at the tests' 16-bit tolerances (1e-3 for half) such a change of cos flips
-//    its rounding to half for ~1e-3 of the table and can fail outputs that cancel, so it is not used;
+//    its rounding to half for ~1e-3 of the table and can fail outputs that cancel, so it is not used.
+//    sincosf's own fast path written inline, without the Payne-Hanek reduction behind each call (same
+//    bits; 116 registers instead of 125, the same 2 blocks an SM), was 0-1.3% slower on an H200: the
+//    trig's instruction count is not what limits this kernel, its bytes in flight are (benchmarks/
+//    transformer/NOTES.md, session 30);
 //  - per-token index work is additions: (i0, i1) advances by a precomputed quotient and remainder,
 //    units and dims are 32-bit ints, no division per element (64-bit offsets for the pointers only,
 //    so >2^31-element tensors still work);

@@ -416,6 +416,99 @@ def test_thd_and_2d_vector_path_on_gpu(dtype):
     check_2d(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w, dtype)
 
 
+def _floats_near(x, ulps):
+    """Every float32 within `ulps` units in the last place of each of the floats x (a 1-D tensor)."""
+    bits = x.float().view(torch.int32).unsqueeze(1) + torch.arange(-ulps, ulps + 1, device=x.device, dtype=torch.int32)
+    return bits.flatten().view(torch.float32)
+
+
+def _trig_sweep(device):
+    """Non-negative floats for the kernel's trig: one float in 61 of [0, 2^17] (every binade; sincosf's
+    fast path ends at 105615), every float near sincosf's fast-path limit, near multiples of pi/4 (where
+    the quadrant rounding flips and where the reduced angle cancels) and near 2^17, and edges
+    (denormals, FLT_MAX, inf, NaN)."""
+    top = int(torch.tensor(2.0 ** 17).view(torch.int32))
+    swept = torch.arange(0, top + 1, 61, device=device, dtype=torch.int32).view(torch.float32)
+    marks = torch.tensor([105615.0, 2.0 ** 17, 1.0, 0.5], device=device)
+    quarters = torch.cat((torch.arange(1, 65, device=device), torch.tensor([1000, 33333, 67237, 67238], device=device)))
+    marks = torch.cat((marks, quarters.double().mul(torch.pi / 4).float()))
+    edges = torch.tensor([0.0, 1e-45, 1.17549435e-38, 3.4028235e38, float("inf"), float("nan")], device=device)
+    return torch.cat((swept, _floats_near(marks, 2048), edges))
+
+
+@pytest.mark.gpu
+def test_angle_trig_matches_sincosf_bit_for_bit():
+    """cos and sin of the kernel's angle tables are CUDA's sincosf's (torch.cos / torch.sin on the GPU
+    are), bit for bit over _trig_sweep and its negatives, on both sides of sincosf's fast-path limit:
+    float32 data of ones and zeros, so that the outputs are the coefficients themselves (-0 and +0 compare
+    equal; NaN equals NaN). Angles paired as a unit holds them: a and b different, and the same (one
+    sincos for both)."""
+    m = 64  # angles per half of a table row: d = 2m, 8 rotated units of float32 vectors a token
+    x = _trig_sweep("cuda")
+    x = torch.cat((x, x[: (-x.numel()) % m].flip(0)))  # whole rows
+    f = x.view(-1, 1, 1, m)
+    ones, zeros = torch.ones_like(f), torch.zeros_like(f)
+    for g in (-f, f):  # b's angles: the negatives, and a's own (the shared sincos)
+        freqs = torch.cat((f, g), -1)
+        exact = dict(rtol=0, atol=0, equal_nan=True)
+        # forward: out_a = xa cos(f) - xb sin(f), out_b = xb cos(g) + xa sin(g)
+        out = fused_apply_rotary_pos_emb(torch.cat((ones, zeros), -1), freqs)
+        torch.testing.assert_close(out[..., :m], f.cos(), **exact)
+        torch.testing.assert_close(out[..., m:], g.sin(), **exact)
+        out = fused_apply_rotary_pos_emb(torch.cat((zeros, ones), -1), freqs)
+        torch.testing.assert_close(out[..., :m], -f.sin(), **exact)
+        torch.testing.assert_close(out[..., m:], g.cos(), **exact)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bench_shapes_match_the_composite_exactly(dtype):
+    """benchmarks/transformer/bench_rope.py's cases (random angle tables, as it draws them) forward and
+    backward bit for bit against the composite in the data's dtype (which rounds torch's cos/sin, that is
+    sincosf's, to 16 bits), and one whose angles pass sincosf's fast-path limit (105615) with probability
+    ~3.5% each: about half of the units then hold an angle that takes sincosf's Payne-Hanek reduction,
+    beside units whose angles all take its fast path."""
+    torch.manual_seed(0)
+    cases = [((4096, 2, 32, 128), 128, "sbhd", 1.0), ((1, 8192, 32, 128), 128, "bshd", 1.0),
+             ((1, 32768, 8, 128), 128, "bshd", 1.0), ((2, 4096, 64, 128), 128, "bshd", 1.0),
+             ((2, 4096, 32, 128), 64, "bshd", 1.0), ((2, 512, 8, 128), 128, "bshd", 5e4)]
+    for shape, rotary, tensor_format, scale in cases:
+        s = shape[0] if tensor_format == "sbhd" else shape[1]
+        t = torch.randn(shape, device="cuda", dtype=dtype).requires_grad_()
+        freqs = torch.randn(s, 1, 1, rotary, device="cuda") * scale
+        out = fused_apply_rotary_pos_emb(t, freqs, tensor_format=tensor_format)
+        angles = freqs.transpose(0, 1) if tensor_format == "bshd" else freqs
+        expected = reference(t, angles.cos(), angles.sin())
+        assert torch.equal(out, expected), (shape, rotary, scale)
+        g = torch.randn_like(out)
+        assert torch.equal(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0]), (shape, rotary)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_16bit_head_walk_matches_the_composite_exactly(dtype, interleaved):
+    """A thread's walk over a token's heads, forward and backward bit for bit against the composite:
+    every head count from 1 to 9 around the 4 heads it keeps in flight (with 64K tokens, ~10 loops of the grid's
+    blocks: rope_plan.h's grid_shape then keeps the heads in one group, so a thread walks them all),
+    a token with many heads (split over head groups), partial rotary dims (copied units beside rotated
+    ones), heads wider than a block of units (d = 4096), and heads apart in memory (x's head stride is
+    not d)."""
+    torch.manual_seed(0)
+    shapes = [(32768, 2, h, 128, 128) for h in range(1, 10)]
+    shapes += [(2, 1, 130, 64, 32), (1, 1, 64, 128, 128), (9, 2, 5, 128, 64), (2, 1, 3, 4096, 4096)]
+    for s, b, h, d, d2 in shapes:
+        freqs = torch.randn(s, 1, 1, d2, device="cuda") * 20
+        for t in (torch.randn(s, b, h, d, device="cuda").to(dtype),
+                  torch.randn(s, h, b, d, device="cuda").to(dtype).transpose(1, 2)):
+            t = t.detach().requires_grad_()
+            out = fused_apply_rotary_pos_emb(t, freqs, interleaved=interleaved)
+            expected = reference(t, freqs.cos(), freqs.sin(), interleaved)
+            assert torch.equal(out, expected), (s, b, h, d, d2)
+            g = torch.randn_like(out)
+            assert torch.equal(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0]), (s, b, h, d)
+
+
 # ---- the CUDA kernel's work split (csrc/fused_rope/rope_plan.h), checked on the CPU ------------------
 
 PLAN_CHECK = r"""
