@@ -84,14 +84,12 @@ C10_DEVICE C10_ALWAYS_INLINE void reciprocals(const Acc (&d)[kVec], Acc (&r)[kVe
   for (; k < kVec; ++k) r[k] = reciprocal(d[k]);
 }
 
-// The pack's logits in Acc and their Softplus terms.
-template <bool kIsolate, int kVec, class T, class Acc>
-C10_DEVICE C10_ALWAYS_INLINE void softplus_pack(const AlignedVector<T, kVec>& v, Acc (&x)[kVec],
-                                                Softplus<Acc> (&s)[kVec]) {
+// The Softplus terms of a pack's logits x.
+template <bool kIsolate, int kVec, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE void softplus_values(const Acc (&x)[kVec], Softplus<Acc> (&s)[kVec]) {
   Acc d[kVec], r[kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
-    x[k] = static_cast<Acc>(v.value[k]);
     s[k].e = exp_neg_abs(x[k]);
     d[k] = Acc(1) + s[k].e;
     s[k].log1p_e = log1p_of(s[k].e, d[k]);
@@ -99,6 +97,15 @@ C10_DEVICE C10_ALWAYS_INLINE void softplus_pack(const AlignedVector<T, kVec>& v,
   reciprocals<kIsolate>(d, r);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) s[k].r = r[k];
+}
+
+// The pack's logits in Acc and their Softplus terms.
+template <bool kIsolate, int kVec, class T, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE void softplus_pack(const AlignedVector<T, kVec>& v, Acc (&x)[kVec],
+                                                Softplus<Acc> (&s)[kVec]) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) x[k] = static_cast<Acc>(v.value[k]);
+  softplus_values<kIsolate>(x, s);
 }
 
 // Adds the m * BCE of the pack's counted classes to `all`, and the positive class's also to `pos`
@@ -312,6 +319,21 @@ struct Column {
   uint32_t keep[kWords], fill[kWords];
 };
 
+// bfloat16 is the top half of a float: one byte permute (PRMT) per element widens it and, with a
+// per-thread selector, replaces padding with kMaskedLogit in the same instruction (the base kernels'
+// conversion takes ~1.5 instructions an element, the mask one more a word). `masked` holds
+// kMaskedLogit's float bits; selector k picks element k's two bytes into the float's top half and
+// zeros from `masked` below them, or all of `masked` for padding.
+struct Bf16Column {
+  int64_t first;
+  int real;
+  uint32_t masked;
+  uint32_t selector[vector_width<c10::BFloat16>()];
+};
+constexpr uint32_t kLowHalfToFloat = 0x1054;   // bytes: masked.b0, masked.b1, word.b0, word.b1
+constexpr uint32_t kHighHalfToFloat = 0x3254;  // bytes: masked.b0, masked.b1, word.b2, word.b3
+constexpr uint32_t kAllMasked = 0x7654;        // masked.b0 .. masked.b3
+
 template <class T, int kVec>
 C10_DEVICE C10_ALWAYS_INLINE Column column_of(const Problem& p, int64_t pack) {
   Column c;
@@ -330,21 +352,50 @@ C10_DEVICE C10_ALWAYS_INLINE Column column_of(const Problem& p, int64_t pack) {
   return c;
 }
 
-// The pack of one row with its padding masked.
+C10_DEVICE C10_ALWAYS_INLINE Bf16Column bf16_column_of(const Problem& p, int64_t pack) {
+  constexpr int kVec = vector_width<c10::BFloat16>();
+  Bf16Column c;
+  c.first = pack * kVec;
+  c.real = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(p.real_classes - c.first, kVec)));
+  c.masked = __float_as_uint(kMaskedLogit);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) c.selector[k] = k >= c.real ? kAllMasked : k % 2 == 0 ? kLowHalfToFloat : kHighHalfToFloat;
+  return c;
+}
+
+// The logits of one row's pack in float, padding masked.
 template <class T, int kVec>
-C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, kVec> masked_pack(const uint4& raw, const Column& c) {
+C10_DEVICE C10_ALWAYS_INLINE void masked_values(const uint4& raw, const Column& c, float (&x)[kVec]) {
   const uint32_t in[kWords] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t out[kWords];
 #pragma unroll
   for (int j = 0; j < kWords; ++j) out[j] = (in[j] & c.keep[j]) | c.fill[j];
   AlignedVector<T, kVec> v;
   memcpy(&v, out, sizeof(v));
-  return v;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) x[k] = static_cast<float>(v.value[k]);
+}
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE void masked_values(const uint4& raw, const Bf16Column& c, float (&x)[kVec]) {
+  const uint32_t in[kWords] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) x[k] = __uint_as_float(__byte_perm(in[k / 2], c.masked, c.selector[k]));
+}
+
+// The column type and its constructor for T.
+template <class T, int kVec>
+C10_DEVICE C10_ALWAYS_INLINE auto any_column_of(const Problem& p, int64_t pack) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return bf16_column_of(p, pack);
+  } else {
+    return column_of<T, kVec>(p, pack);
+  }
 }
 
 // The row's positive class as an index into the column's pack, or -1 (background, ignored, a
 // padding label, another pack's class).
-C10_DEVICE C10_ALWAYS_INLINE int positive_in(int64_t label, const Column& c) {
+template <class C>
+C10_DEVICE C10_ALWAYS_INLINE int positive_in(int64_t label, const C& c) {
   const int64_t at = label - c.first;
   return static_cast<uint64_t>(at) < static_cast<uint64_t>(c.real) ? static_cast<int>(at) : -1;
 }
@@ -397,7 +448,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_forward_kernel(Problem p, Fo
   __shared__ Acc scratch[kMaxThreads / C10_WARP_SIZE];
   const Coefficients<Acc> w = coefficients_of<Acc>(p);
   const int r = static_cast<int>(threadIdx.x) / tile.cols, k = static_cast<int>(threadIdx.x) % tile.cols;
-  const Column c = column_of<T, kVec>(p, k);
+  const auto c = any_column_of<T, kVec>(p, k);
   const int64_t row = r < tile.rows ? static_cast<int64_t>(blockIdx.x) * tile.rows + r : p.rows;
   Acc all = 0, pos = 0;
   for_each_row_pair(p, row, static_cast<int64_t>(gridDim.x) * tile.rows, c.first, sizeof(T), true,
@@ -406,15 +457,16 @@ __global__ void __launch_bounds__(kMaxThreads) rows_forward_kernel(Problem p, Fo
                       for (int i = 0; i < kRowsInFlight; ++i) {
                         Acc x[kVec];
                         Softplus<Acc> s[kVec];
-                        softplus_pack</*kIsolate=*/false>(masked_pack<T, kVec>(pair.raw[i], c), x, s);
+                        masked_values<T, kVec>(pair.raw[i], c, x);
+                        softplus_values</*kIsolate=*/false>(x, s);
                         const int positive = positive_in(pair.label[i], c);
-                        Acc sum = 0, picked = 0;
+                        Acc sum, picked = 0;
 #pragma unroll
                         for (int e = 0; e < kVec; ++e) {
                           const bool is_positive = e == positive;
                           const Acc loss =
                               focal_terms<kGamma, false>(is_positive ? -x[e] : x[e], s[e], w.gamma, w.u).loss;
-                          sum += loss;
+                          sum = e == 0 ? loss : sum + loss;
                           picked = is_positive ? loss : picked;
                         }
                         const bool counted = pair.label[i] != kIgnored;
@@ -443,7 +495,7 @@ __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks) rows_backwar
   const Acc scale = *grad_loss / static_cast<Acc>(*p.num_positives_sum);
   const Acc negative_scale = (Acc(1) - w.alpha) * scale, positive_scale = -w.alpha * scale;
   const int r = static_cast<int>(threadIdx.x) / tile.cols, k = static_cast<int>(threadIdx.x) % tile.cols;
-  const Column c = column_of<T, kVec>(p, k);
+  const auto c = any_column_of<T, kVec>(p, k);
   const int64_t row = r < tile.rows ? static_cast<int64_t>(blockIdx.x) * tile.rows + r : p.rows;
   const int64_t element_step = static_cast<int64_t>(gridDim.x) * tile.rows * p.classes;
   for_each_row_pair(p, row, static_cast<int64_t>(gridDim.x) * tile.rows, c.first, sizeof(T), c.real > 0,
@@ -451,19 +503,18 @@ __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks) rows_backwar
 #pragma unroll
                       for (int i = 0; i < kRowsInFlight; ++i) {
                         if (i > 0 && !second) break;
-                        const AlignedVector<T, kVec> v = masked_pack<T, kVec>(pair.raw[i], c);
                         Acc x[kVec];
                         Softplus<Acc> s[kVec];
+                        masked_values<T, kVec>(pair.raw[i], c, x);
                         if constexpr (kExpReciprocal) {
 #pragma unroll
                           for (int e = 0; e < kVec; ++e) {
-                            x[e] = static_cast<Acc>(v.value[e]);
                             s[e].e = exp_neg_abs(x[e]);
                             s[e].log1p_e = log1p_of(s[e].e, Acc(1) + s[e].e);
                             s[e].r = reciprocal_from_log1p(s[e].log1p_e);
                           }
                         } else {
-                          softplus_pack</*kIsolate=*/true>(v, x, s);
+                          softplus_values</*kIsolate=*/true>(x, s);
                         }
                         const int positive = positive_in(pair.label[i], c);
                         AlignedVector<T, kVec> out;
