@@ -359,7 +359,9 @@ C10_DEVICE C10_ALWAYS_INLINE Bf16Column bf16_column_of(const Problem& p, int64_t
   c.real = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(p.real_classes - c.first, kVec)));
   c.masked = __float_as_uint(kMaskedLogit);
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) c.selector[k] = k >= c.real ? kAllMasked : k % 2 == 0 ? kLowHalfToFloat : kHighHalfToFloat;
+  for (int k = 0; k < kVec; ++k) {
+    c.selector[k] = k >= c.real ? kAllMasked : k % 2 == 0 ? kLowHalfToFloat : kHighHalfToFloat;
+  }
   return c;
 }
 
@@ -451,29 +453,30 @@ __global__ void __launch_bounds__(kMaxThreads) rows_forward_kernel(Problem p, Fo
   const auto c = any_column_of<T, kVec>(p, k);
   const int64_t row = r < tile.rows ? static_cast<int64_t>(blockIdx.x) * tile.rows + r : p.rows;
   Acc all = 0, pos = 0;
-  for_each_row_pair(p, row, static_cast<int64_t>(gridDim.x) * tile.rows, c.first, sizeof(T), true,
-                    [&](const RowPair& pair, int64_t, bool) {
+  const auto add_pair = [&](const RowPair& pair, int64_t, bool) {
 #pragma unroll
-                      for (int i = 0; i < kRowsInFlight; ++i) {
-                        Acc x[kVec];
-                        Softplus<Acc> s[kVec];
-                        masked_values<T, kVec>(pair.raw[i], c, x);
-                        softplus_values</*kIsolate=*/false>(x, s);
-                        const int positive = positive_in(pair.label[i], c);
-                        Acc sum, picked = 0;
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      Acc x[kVec];
+      Softplus<Acc> s[kVec];
+      masked_values<T, kVec>(pair.raw[i], c, x);
+      softplus_values</*kIsolate=*/false>(x, s);
+      const int positive = positive_in(pair.label[i], c);
+      Acc sum, picked = 0;
 #pragma unroll
-                        for (int e = 0; e < kVec; ++e) {
-                          const bool is_positive = e == positive;
-                          const Acc loss =
-                              focal_terms<kGamma, false>(is_positive ? -x[e] : x[e], s[e], w.gamma, w.u).loss;
-                          sum = e == 0 ? loss : sum + loss;
-                          picked = is_positive ? loss : picked;
-                        }
-                        const bool counted = pair.label[i] != kIgnored;
-                        all += counted ? sum : Acc(0);
-                        pos += counted ? picked : Acc(0);
-                      }
-                    });
+      for (int e = 0; e < kVec; ++e) {
+        const bool is_positive = e == positive;
+        const Acc loss = focal_terms<kGamma, false>(is_positive ? -x[e] : x[e], s[e], w.gamma, w.u).loss;
+        sum = e == 0 ? loss : sum + loss;
+        picked = is_positive ? loss : picked;
+      }
+      // An ignored row (or the missing second row of a thread's last pair) adds nothing; a select,
+      // as its logits may be anything.
+      const bool counted = pair.label[i] != kIgnored;
+      all += counted ? sum : Acc(0);
+      pos += counted ? picked : Acc(0);
+    }
+  };
+  for_each_row_pair(p, row, static_cast<int64_t>(gridDim.x) * tile.rows, c.first, sizeof(T), true, add_pair);
   Acc sum = ((Acc(1) - w.alpha) * (all - pos) + w.alpha * pos) * log_unit<Acc>();
   sum = cuda::block_reduce(sum, Add<Acc>{}, Acc(0), scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
@@ -488,8 +491,8 @@ constexpr int kRowsBackwardBlocks = 3;
 // isolation (the backward has special-function throughput to spare: ~3 ops an element against
 // the forward's 2.25, at twice the bytes). ~3e-7 relative on r.
 template <class T, int kVec, int kGamma, bool kExpReciprocal>
-__global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks) rows_backward_kernel(Problem p, Tile tile, const acc_type<T>* grad_loss,
-                                                                    T* grad) {
+__global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
+    rows_backward_kernel(Problem p, Tile tile, const acc_type<T>* grad_loss, T* grad) {
   using Acc = acc_type<T>;
   const Coefficients<Acc> w = coefficients_of<Acc>(p);
   const Acc scale = *grad_loss / static_cast<Acc>(*p.num_positives_sum);
@@ -498,37 +501,38 @@ __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks) rows_backwar
   const auto c = any_column_of<T, kVec>(p, k);
   const int64_t row = r < tile.rows ? static_cast<int64_t>(blockIdx.x) * tile.rows + r : p.rows;
   const int64_t element_step = static_cast<int64_t>(gridDim.x) * tile.rows * p.classes;
+  const auto write_pair = [&](const RowPair& pair, int64_t offset, bool second) {
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      if (i > 0 && !second) break;
+      Acc x[kVec];
+      Softplus<Acc> s[kVec];
+      masked_values<T, kVec>(pair.raw[i], c, x);
+      if constexpr (kExpReciprocal) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          s[e].e = exp_neg_abs(x[e]);
+          s[e].log1p_e = log1p_of(s[e].e, Acc(1) + s[e].e);
+          s[e].r = reciprocal_from_log1p(s[e].log1p_e);
+        }
+      } else {
+        softplus_values</*kIsolate=*/true>(x, s);
+      }
+      const int positive = positive_in(pair.label[i], c);
+      AlignedVector<T, kVec> out;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const bool is_positive = e == positive;
+        const Acc g = focal_terms<kGamma, true>(is_positive ? -x[e] : x[e], s[e], w.gamma, w.u).grad;
+        out.value[e] = static_cast<T>((is_positive ? positive_scale : negative_scale) * g);
+      }
+      if (pair.label[i] == kIgnored) out = zeros<T, kVec>();  // whatever its logits
+      store_vector<kVec>(grad, offset + i * element_step, out);
+    }
+  };
+  // Columns past the real classes are not read (their masked logits give zeros).
   for_each_row_pair(p, row, static_cast<int64_t>(gridDim.x) * tile.rows, c.first, sizeof(T), c.real > 0,
-                    [&](const RowPair& pair, int64_t offset, bool second) {
-#pragma unroll
-                      for (int i = 0; i < kRowsInFlight; ++i) {
-                        if (i > 0 && !second) break;
-                        Acc x[kVec];
-                        Softplus<Acc> s[kVec];
-                        masked_values<T, kVec>(pair.raw[i], c, x);
-                        if constexpr (kExpReciprocal) {
-#pragma unroll
-                          for (int e = 0; e < kVec; ++e) {
-                            s[e].e = exp_neg_abs(x[e]);
-                            s[e].log1p_e = log1p_of(s[e].e, Acc(1) + s[e].e);
-                            s[e].r = reciprocal_from_log1p(s[e].log1p_e);
-                          }
-                        } else {
-                          softplus_values</*kIsolate=*/true>(x, s);
-                        }
-                        const int positive = positive_in(pair.label[i], c);
-                        AlignedVector<T, kVec> out;
-#pragma unroll
-                        for (int e = 0; e < kVec; ++e) {
-                          const bool is_positive = e == positive;
-                          const Acc g =
-                              focal_terms<kGamma, true>(is_positive ? -x[e] : x[e], s[e], w.gamma, w.u).grad;
-                          out.value[e] = static_cast<T>((is_positive ? positive_scale : negative_scale) * g);
-                        }
-                        if (pair.label[i] == kIgnored) out = zeros<T, kVec>();
-                        store_vector<kVec>(grad, offset + i * element_step, out);
-                      }
-                    });
+                    write_pair);
 }
 
 int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
