@@ -1,4 +1,11 @@
-// focal_loss: CUDA kernels. A block is a 2-D tile of rows x packs (a pack: the 16-byte vector of
+// focal_loss: CUDA kernels, two families. Which cases take which (rows_apply() decides):
+// - the rows kernels (rows_forward_kernel, rows_backward_kernel): gamma 2, 16-bit or float logits
+//   in 16-byte packs (rows 16-byte aligned), rows of 1 to 256 packs. The common case (RetinaNet-like
+//   heads: 96 classes); see "The rows kernels" below for why they are built as they are.
+// - the general kernels (forward_kernel, backward_kernel): everything else: other gammas, double,
+//   rows that are not 16-byte aligned (one element a "pack"), rows of more than 256 packs.
+//
+// General kernels. A block is a 2-D tile of rows x packs (a pack: the 16-byte vector of
 // classes one load brings) with exactly one thread per pack along a row, not a power of two, so
 // that no lane idles: the backward's 96 bf16 classes are 12 packs x 16 rows, 192 threads. The
 // forward's tile keeps the packs that hold only real classes (11 of 96 bf16 classes with 91 real:
@@ -10,11 +17,9 @@
 //
 // The math is the special-function unit's (focal_loss_math.h): per element one ex2 and one lg2,
 // and a quarter of a reciprocal (reciprocals() below), with ~17 more instructions (the forward's
-// unmasked packs; PTX) where it took ~200 with expf / log1pf / powf: the kernels become
-// memory-bound. The positive class is a sign flip of the same formula.
-#include <cstdlib>
+// unmasked packs; PTX) where it took ~200 with expf / log1pf / powf (still issue-bound rather
+// than memory-bound at 96 classes: see the rows kernels). The positive class is a sign flip of the same formula.
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "apex/acc_type.h"
@@ -293,15 +298,20 @@ __global__ void __launch_bounds__(kMaxThreads) backward_kernel(Problem p, Tile t
   });
 }
 
-
-// ---- Variant "rows" (APEX_FOCAL_VARIANT=rows or rows_exp; the switch is variant() below) ----
-// Where a row's packs fit one block row (every thread owns one pack column), a thread's pack is the
-// same on each of its rows: which of its classes are padding is fixed per thread, so padding is
-// masked once per pack on the raw bits (padding logits become kMaskedLogit, whose loss and gradient
-// are exactly 0) instead of a compare and a select per element, and every thread runs the same
-// unmasked code (no separate warps for the padded last pack). The next rows are a pointer step
-// away. The per-element float math is the base kernels' (focal_terms), so losses differ only by
-// the order of the sums and gradients are bit for bit the same (rows_exp: see backward).
+// ---- The rows kernels ----
+// Measured first (ncu, H200, bf16, 1M anchors x 96 classes): the general kernels are issue-bound,
+// not memory-bound: 76% of issue slots busy, 24.8 SASS instructions an element forward and 36.5
+// backward, ~30% of them integer and predicate work (per-item walk, per-element class checks and
+// padding selects), against 2.25 special-function ops an element. These kernels remove that
+// overhead. Where a row's packs fit one block row (every thread owns one pack column), a thread's
+// pack is the same on each of its rows: which of its classes are padding is fixed per thread, so
+// padding is masked once per pack on the raw bits (padding logits become kMaskedLogit, whose loss
+// and gradient are exactly 0) instead of a compare and a select per element, and every thread runs
+// the same unmasked code (no separate warps for the padded last pack). The next rows are a pointer
+// step away. The per-element float math is the general kernels' (focal_terms), so losses differ
+// only by the order of the sums; the backward's 1 / (1 + e) is taken another way (see there).
+// H200, % of copy, fwd / fwd+bwd, against the general kernels: bf16 50.2 / 59.5 -> 51.9 / 64.8,
+// fp32 78.3 / 85.6 -> 88.7 / 92.2.
 
 // exp(-200 * log2(e)) underflows to 0 (ftz), so m = 0 and the loss and gradient are exactly 0,
 // with every other term finite; -200 is exact in half, bfloat16 and float.
@@ -320,8 +330,8 @@ struct Column {
 };
 
 // bfloat16 is the top half of a float: one byte permute (PRMT) per element widens it and, with a
-// per-thread selector, replaces padding with kMaskedLogit in the same instruction (the base kernels'
-// conversion takes ~1.5 instructions an element, the mask one more a word). `masked` holds
+// per-thread selector, replaces padding with kMaskedLogit in the same instruction (the general
+// kernels' conversion takes ~1.5 instructions an element, the mask one more a word). `masked` holds
 // kMaskedLogit's float bits; selector k picks element k's two bytes into the float's top half and
 // zeros from `masked` below them, or all of `masked` for padding.
 struct Bf16Column {
@@ -483,14 +493,16 @@ __global__ void __launch_bounds__(kMaxThreads) rows_forward_kernel(Problem p, Fo
 }
 
 // Blocks of kMaxThreads a SM holds: caps the backward at 85 registers (it takes ~94 unbounded), so
-// that four of its 192-thread blocks (24 warps, as the base backward) stay resident.
+// that four of its 192-thread blocks (24 warps, as the general backward) stay resident.
 constexpr int kRowsBackwardBlocks = 3;
 
-// kExpReciprocal (rows_exp): r = 1 / (1 + e) as 2^-log2(1 + e) from the lg2 the element computes
-// anyway: one ex2 instead of a quarter of a reciprocal, nine multiplies per four and the NaN
-// isolation (the backward has special-function throughput to spare: ~3 ops an element against
-// the forward's 2.25, at twice the bytes). ~3e-7 relative on r.
-template <class T, int kVec, int kGamma, bool kExpReciprocal>
+// r = 1 / (1 + e) is 2^-log2(1 + e) from the lg2 the element computes anyway: one ex2 instead of
+// a quarter of a shared reciprocal, its nine multiplies per four and the NaN isolation
+// (reciprocals()); the backward has special-function throughput to spare (~3 ops an element
+// against the forward's 2.25, at twice the bytes). ~3e-7 relative on r. SASS per element (bf16,
+// 96 / 91 classes): 27.4 against 30.7 with the shared reciprocal; H200 fwd+bwd 64.8% of copy
+// against 64.1% (bf16), 92.2% against 91.2% (fp32).
+template <class T, int kVec, int kGamma>
 __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
     rows_backward_kernel(Problem p, Tile tile, const acc_type<T>* grad_loss, T* grad) {
   using Acc = acc_type<T>;
@@ -508,15 +520,11 @@ __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
       Acc x[kVec];
       Softplus<Acc> s[kVec];
       masked_values<T, kVec>(pair.raw[i], c, x);
-      if constexpr (kExpReciprocal) {
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          s[e].e = exp_neg_abs(x[e]);
-          s[e].log1p_e = log1p_of(s[e].e, Acc(1) + s[e].e);
-          s[e].r = reciprocal_from_log1p(s[e].log1p_e);
-        }
-      } else {
-        softplus_values</*kIsolate=*/true>(x, s);
+      for (int e = 0; e < kVec; ++e) {
+        s[e].e = exp_neg_abs(x[e]);
+        s[e].log1p_e = log1p_of(s[e].e, Acc(1) + s[e].e);
+        s[e].r = reciprocal_from_log1p(s[e].log1p_e);
       }
       const int positive = positive_in(pair.label[i], c);
       AlignedVector<T, kVec> out;
@@ -575,24 +583,11 @@ struct ForwardLaunch {
   unsigned blocks, threads;
 };
 
-// APEX_FOCAL_VARIANT, read once: base (unset), rows or rows_exp (the A/B's switch; one place).
-enum class Variant { kBase, kRows, kRowsExp };
-
-Variant variant() {
-  static const Variant chosen = [] {
-    const char* v = std::getenv("APEX_FOCAL_VARIANT");
-    const std::string name = v == nullptr ? "" : v;
-    return name == "rows" ? Variant::kRows : name == "rows_exp" ? Variant::kRowsExp : Variant::kBase;
-  }();
-  return chosen;
-}
-
 // The rows kernels: packed 16-bit or float logits, gamma 2 (kMaskedLogit's zeros need m = p^2), and
-// rows of `packs` packs that fit one block row.
+// rows of `packs` packs that fit one block row. Every other case takes the general kernels.
 template <class T, int kVec>
 bool rows_apply(const Problem& p, int64_t packs) {
-  return variant() != Variant::kBase && kVec > 1 && sizeof(T) <= sizeof(float) && p.gamma == 2.0 && packs > 0 &&
-         packs <= kMaxThreads;
+  return kVec > 1 && sizeof(T) <= sizeof(float) && p.gamma == 2.0 && packs > 0 && packs <= kMaxThreads;
 }
 
 template <class T, int kVec>
@@ -628,8 +623,7 @@ void launch_backward(const Problem& p, const acc_type<T>* grad_loss, T* grad, co
   const int threads = cuda::whole_warps(tile.cols * tile.rows);
   if constexpr (kVec > 1 && sizeof(T) <= sizeof(float)) {
     if (rows_apply<T, kVec>(p, p.classes / kVec)) {
-      const auto kernel = variant() == Variant::kRowsExp ? rows_backward_kernel<T, kVec, kGammaTwo, true>
-                                                         : rows_backward_kernel<T, kVec, kGammaTwo, false>;
+      const auto kernel = rows_backward_kernel<T, kVec, kGammaTwo>;
       const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
       kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);
       return;
