@@ -94,6 +94,19 @@ C10_HOST_DEVICE inline float reciprocal(float d) {
 }
 C10_HOST_DEVICE inline double reciprocal(double d) { return 1.0 / d; }
 
+// 1 / (1 + e) from l = log1p_of(e, 1 + e): exp(-l * log_unit()), one ex2 on the device float path.
+C10_HOST_DEVICE inline float reciprocal_from_log1p(float l) {
+#if defined(APEX_FOCAL_LOSS_APPROX_PTX)
+  float out;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(-l));
+  return out;
+#elif defined(__HIP_DEVICE_COMPILE__)
+  return __expf(-l);
+#else
+  return std::exp(-l);
+#endif
+}
+
 // exp(v) (the modulating factor of a gamma other than 2).
 C10_HOST_DEVICE inline float exp_of(float v) {
 #if defined(APEX_FOCAL_LOSS_APPROX_PTX)

@@ -147,6 +147,39 @@ def test_16_bit_loss_of_small_negatives(device, dtype, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("classes,real", [(96, 91), (16, 12), (40, 33)])
+def test_nonfinite_logits_in_padding_and_ignored_rows(device, dtype, classes, real):
+    # Padding classes and ignored rows hold NaN and inf: they add nothing to the loss and get a zero
+    # gradient (kernels that compute a whole pack and mask its padding or an ignored row afterwards,
+    # or that replace the padding's bits, must not let them leak). Positives in the last real
+    # class (the padded pack) and in the first. Compared with the reference on the same logits with
+    # those entries zeroed (the reference's own gradient through NaN would be NaN).
+    anchors = 517
+    logits, targets, num_positives = make((anchors,), classes, dtype, device)
+    targets[::7] = real - 1
+    targets[1::7] = 0
+    targets[2::7] = -2
+    bad = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype, device=device)
+    dirty = logits.clone()
+    dirty[:, real:] = bad[torch.arange(classes - real, device=device) % 3]
+    ignored = targets == -2
+    dirty[ignored] = bad[torch.arange(classes, device=device) % 3]
+    clean = logits.clone()
+    clean[:, real:] = 0
+    clean[ignored] = 0
+    x = dirty.detach().requires_grad_()
+    loss = focal_loss.focal_loss(x, targets, num_positives, real, 0.25, 2.0, 0.1)
+    expected_x = clean.detach().double().requires_grad_()
+    expected = reference(expected_x, targets, num_positives, real, 0.25, 2.0, 0.1)
+    torch.testing.assert_close(loss.double(), expected.detach(), rtol=LOSS_TOL[dtype], atol=LOSS_TOL[dtype])
+    loss.backward()
+    expected.backward()
+    rtol, atol = GRAD_TOL[dtype]
+    torch.testing.assert_close(x.grad.double(), expected_x.grad, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_large_logits_stay_finite(device):
     logits = torch.tensor([[80.0, -80.0, 0.0, 30.0], [-100.0, 100.0, 5.0, -5.0]], device=device)
     targets = torch.tensor([0, -1], device=device)
