@@ -263,6 +263,27 @@ C10_DEVICE C10_ALWAYS_INLINE float with_bias(const AlignedVector<T, 8>& v, const
   return static_cast<float>(v.value[k]);
 }
 
+// The one-shot kernels' start: wait for the previous kernel, let the next one launch, and find the
+// thread's column pack (false: past the row's end). The column's bias packs (kBias) are read by every
+// row group of the column tile, so from cache.
+template <class T, bool kBias>
+struct FlatColumn {
+  int64_t col;
+  AlignedVector<T, 8> bias_gate, bias_up;
+
+  C10_DEVICE C10_ALWAYS_INLINE bool start(const T* bias, int64_t half) {
+    cuda::wait_for_prerequisite_grid();
+    cuda::allow_dependent_launch();
+    col = (static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x) * 8;
+    if (col >= half) return false;
+    if constexpr (kBias) {
+      bias_gate = load_vector<8>(bias, col);
+      bias_up = load_vector<8>(bias, half + col);
+    }
+    return true;
+  }
+};
+
 // Row threadIdx.y of the row group at blockIdx.y, then every gridDim.y-th group (one pass unless
 // rows > 65535 * kRows). Launched dependent: each thread waits for the previous kernel before its
 // first access.
@@ -272,15 +293,11 @@ __global__ void __launch_bounds__(kThreads, kFlatBlocksPerSm)
                         int64_t half) {
   static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
   constexpr int kVec = 8;
-  cuda::wait_for_prerequisite_grid();
-  cuda::allow_dependent_launch();
-  const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x) * kVec;
-  if (col >= half) return;
-  AlignedVector<T, kVec> bias_gate, bias_up;  // read by every row group of this column tile: cached
-  if constexpr (kBias) {
-    bias_gate = load_vector<kVec>(bias, col);
-    bias_up = load_vector<kVec>(bias, half + col);
-  }
+  FlatColumn<T, kBias> column;
+  if (!column.start(bias, half)) return;
+  const int64_t col = column.col;
+  const AlignedVector<T, kVec>& bias_gate = column.bias_gate;
+  const AlignedVector<T, kVec>& bias_up = column.bias_up;
   const int64_t step = static_cast<int64_t>(gridDim.y) * kRows;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < rows; r += step) {
     const AlignedVector<T, kVec> gate = load_vector<kVec>(x + r * 2 * half + col, 0);
@@ -302,15 +319,11 @@ __global__ void __launch_bounds__(kThreads, kBias ? kFlatBiasBackwardBlocksPerSm
                          T* __restrict__ grad_x, int64_t rows, int64_t half) {
   static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
   constexpr int kVec = 8;
-  cuda::wait_for_prerequisite_grid();
-  cuda::allow_dependent_launch();
-  const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x) * kVec;
-  if (col >= half) return;
-  AlignedVector<T, kVec> bias_gate, bias_up;
-  if constexpr (kBias) {
-    bias_gate = load_vector<kVec>(bias, col);
-    bias_up = load_vector<kVec>(bias, half + col);
-  }
+  FlatColumn<T, kBias> column;
+  if (!column.start(bias, half)) return;
+  const int64_t col = column.col;
+  const AlignedVector<T, kVec>& bias_gate = column.bias_gate;
+  const AlignedVector<T, kVec>& bias_up = column.bias_up;
   const int64_t step = static_cast<int64_t>(gridDim.y) * kRows;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < rows; r += step) {
     const AlignedVector<T, kVec> g = load_vector<kVec>(grad_y + r * half + col, 0);
