@@ -263,43 +263,35 @@ C10_DEVICE C10_ALWAYS_INLINE float with_bias(const AlignedVector<T, 8>& v, const
   return static_cast<float>(v.value[k]);
 }
 
-// The one-shot kernels' start: wait for the previous kernel, let the next one launch, and find the
-// thread's column pack (false: past the row's end). The column's bias packs (kBias) are read by every
-// row group of the column tile, so from cache.
-template <class T, bool kBias>
-struct FlatColumn {
-  int64_t col;
+// The one-shot kernels' walk: the thread's column pack, at row threadIdx.y of the row group at
+// blockIdx.y, then every gridDim.y-th group (one pass unless rows > 65535 * kRows); f(row, column,
+// bias gate pack, bias up pack) for each. Launched dependent: each thread waits for the previous kernel
+// before its first access. The column's bias packs (kBias) are read by every row group of the column
+// tile, so from cache.
+template <class T, bool kBias, class F>
+C10_DEVICE C10_ALWAYS_INLINE void for_each_flat_row(const T* bias, int64_t rows, int64_t half, F&& f) {
+  static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
+  cuda::wait_for_prerequisite_grid();
+  cuda::allow_dependent_launch();
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x) * 8;
+  if (col >= half) return;
   AlignedVector<T, 8> bias_gate, bias_up;
-
-  C10_DEVICE C10_ALWAYS_INLINE bool start(const T* bias, int64_t half) {
-    cuda::wait_for_prerequisite_grid();
-    cuda::allow_dependent_launch();
-    col = (static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x) * 8;
-    if (col >= half) return false;
-    if constexpr (kBias) {
-      bias_gate = load_vector<8>(bias, col);
-      bias_up = load_vector<8>(bias, half + col);
-    }
-    return true;
+  if constexpr (kBias) {
+    bias_gate = load_vector<8>(bias, col);
+    bias_up = load_vector<8>(bias, half + col);
   }
-};
+  const int64_t step = static_cast<int64_t>(gridDim.y) * kRows;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < rows; r += step) {
+    f(r, col, bias_gate, bias_up);
+  }
+}
 
-// Row threadIdx.y of the row group at blockIdx.y, then every gridDim.y-th group (one pass unless
-// rows > 65535 * kRows). Launched dependent: each thread waits for the previous kernel before its
-// first access.
 template <class T, bool kBias>
 __global__ void __launch_bounds__(kThreads, kFlatBlocksPerSm)
     flat_forward_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y, int64_t rows,
                         int64_t half) {
-  static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
   constexpr int kVec = 8;
-  FlatColumn<T, kBias> column;
-  if (!column.start(bias, half)) return;
-  const int64_t col = column.col;
-  const AlignedVector<T, kVec>& bias_gate = column.bias_gate;
-  const AlignedVector<T, kVec>& bias_up = column.bias_up;
-  const int64_t step = static_cast<int64_t>(gridDim.y) * kRows;
-  for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < rows; r += step) {
+  for_each_flat_row<T, kBias>(bias, rows, half, [&](int64_t r, int64_t col, const auto& bias_gate, const auto& bias_up) {
     const AlignedVector<T, kVec> gate = load_vector<kVec>(x + r * 2 * half + col, 0);
     const AlignedVector<T, kVec> up = load_vector<kVec>(x + r * 2 * half + half + col, 0);
     AlignedVector<T, kVec> out;
@@ -309,23 +301,16 @@ __global__ void __launch_bounds__(kThreads, kFlatBlocksPerSm)
           swiglu(with_bias<kBias>(gate, bias_gate, k), with_bias<kBias>(up, bias_up, k), FastSigmoid{}));
     }
     store_global(y + r * half + col, out);
-  }
+  });
 }
 
-// grad_x only (no bias gradient): the rows as flat_forward_kernel's.
+// grad_x only (no bias gradient).
 template <class T, bool kBias>
 __global__ void __launch_bounds__(kThreads, kBias ? kFlatBiasBackwardBlocksPerSm : kFlatBlocksPerSm)
     flat_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ bias,
                          T* __restrict__ grad_x, int64_t rows, int64_t half) {
-  static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
   constexpr int kVec = 8;
-  FlatColumn<T, kBias> column;
-  if (!column.start(bias, half)) return;
-  const int64_t col = column.col;
-  const AlignedVector<T, kVec>& bias_gate = column.bias_gate;
-  const AlignedVector<T, kVec>& bias_up = column.bias_up;
-  const int64_t step = static_cast<int64_t>(gridDim.y) * kRows;
-  for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < rows; r += step) {
+  for_each_flat_row<T, kBias>(bias, rows, half, [&](int64_t r, int64_t col, const auto& bias_gate, const auto& bias_up) {
     const AlignedVector<T, kVec> g = load_vector<kVec>(grad_y + r * half + col, 0);
     const AlignedVector<T, kVec> gate = load_vector<kVec>(x + r * 2 * half + col, 0);
     const AlignedVector<T, kVec> up = load_vector<kVec>(x + r * 2 * half + half + col, 0);
@@ -339,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, kBias ? kFlatBiasBackwardBlocksPerSm
     }
     store_global(grad_x + r * 2 * half + col, d_gate);
     store_global(grad_x + r * 2 * half + half + col, d_up);
-  }
+  });
 }
 
 dim3 flat_grid(int64_t rows, int64_t half) {
