@@ -37,9 +37,14 @@
 #include "apex/block_reduce.cuh"
 #include "apex/cuda.cuh"
 #include "apex/dependent_launch.cuh"
+#include "apex/fast_exp2.cuh"
 #include "apex/occupancy.cuh"
 #include "group_norm.h"
 #include "group_norm_math.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 namespace apex::group_norm {
 namespace {
@@ -65,12 +70,70 @@ constexpr int kForwardSumsUnroll = 8, kForwardSumsBlocks = 2;
 constexpr int kForwardApplyUnroll = 6, kForwardApplyBlocks = 2;
 constexpr int kBackwardSumsUnroll = 2, kBackwardSumsBlocks = 2;
 constexpr int kBackwardApplyUnroll = 2, kBackwardApplyBlocks = 2;
+// The pipelined walk's batch (Variant::kPipe and after; two batches in registers): as large as fits
+// the same register budget without spilling (ptxas -v, sm_90, 16-bit data: 8 spilled in both forward
+// passes, 2 in the backward sums). Variant::kLean and kStream also give the forward sums a budget
+// of 3 blocks of kThreads (80 registers, no spills; the other passes spill there): 5 blocks of the
+// benchmark's 160 threads an SM, from 3.
+constexpr int kForwardSumsPipeUnroll = 4, kForwardApplyPipeUnroll = 4;
+constexpr int kBackwardSumsPipeUnroll = 1, kBackwardApplyPipeUnroll = 2;
+constexpr int kForwardSumsLeanBlocks = 3;
 // The backward's per-channel sums (written by the sums pass, read by the apply pass) are kept
 // under 1/kChannelSumsShare of x's bytes by capping its splits, unless that leaves SMs idle.
 constexpr int kChannelSumsShare = 16;
 // grad_weight / grad_bias fold: channels a warp takes at once (8 x 8-byte pairs: 64 contiguous
 // bytes a load); its other lanes split the terms.
 constexpr int kParamChannelLanes = 8;
+
+// A/B of the two passes' own speed (APEX_GN_VARIANT, read once on the host by variant(); the 16-byte
+// vector path only, width-1 packs keep the default walk). Each variant adds to the one before:
+//   kDefault: each thread loads kUnroll packs, then uses them, then loads the next kUnroll;
+//   kPipe:    the next batch's loads are issued before the current batch is used, so a thread always
+//             has loads in flight (for_each_pack_pipelined); offsets step by the stride;
+//   kLean:    the forward sums at 80 registers, 5 blocks of 160 threads an SM where kPipe has 3;
+//   kStream:  evict-first hints where the apply passes read x / dy for the last time and write their
+//             output (so the output does not push out of L2 the x tiles still to be re-read), and the
+//             SiLU's sigmoid as ex2.approx.ftz + rcp.approx.ftz (apex/fast_exp2.cuh: the same
+//             approximations without the subnormal fix-ups around them).
+enum class Variant : int { kDefault, kPipe, kLean, kStream };
+
+inline Variant variant() {
+  static const Variant chosen = [] {
+    const char* name = std::getenv("APEX_GN_VARIANT");
+    if (name != nullptr && std::strcmp(name, "pipe") == 0) return Variant::kPipe;
+    if (name != nullptr && std::strcmp(name, "lean") == 0) return Variant::kLean;
+    if (name != nullptr && std::strcmp(name, "stream") == 0) return Variant::kStream;
+    return Variant::kDefault;
+  }();
+  return chosen;
+}
+
+// Blocks of kThreads an SM must hold (__launch_bounds__) for Pass under variant kV.
+template <class Pass>
+constexpr int min_blocks(Variant kV) {
+  return kV == Variant::kLean || kV == Variant::kStream ? Pass::kLeanBlocks : Pass::kMinBlocks;
+}
+
+// The SiLU's sigmoid: kStream's for float (16-bit and float32 data), else group_norm_math.h's.
+template <bool kFast, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE Acc sigmoid_for(Acc z) {
+  if constexpr (kFast && std::is_same_v<Acc, float>) {
+    return fast_sigmoid(z);
+  } else {
+    return sigmoid(z);
+  }
+}
+
+template <bool kFast, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE Acc activate_for(Acc z, bool silu) {
+  return silu ? z * sigmoid_for<kFast>(z) : z;
+}
+
+template <bool kFast, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE Acc slope_for(Acc z) {
+  const Acc s = sigmoid_for<kFast>(z);
+  return s * (Acc(1) + z * (Acc(1) - s));
+}
 
 // What a launch covers. Blocks are numbered sample-major: block b is sample b / blocks_per_sample,
 // split (b % blocks_per_sample) / chunks, chunk (b % blocks_per_sample) % chunks.
@@ -202,7 +265,9 @@ struct ForwardSums {
   static constexpr bool kReadsDy = false;
   static constexpr bool kChannelSums = false;
   static constexpr int kUnroll = kForwardSumsUnroll;
+  static constexpr int kPipeUnroll = kForwardSumsPipeUnroll;
   static constexpr int kMinBlocks = kForwardSumsBlocks;
+  static constexpr int kLeanBlocks = kForwardSumsLeanBlocks;
   Acc shift[kVec];
 
   C10_DEVICE void prepare(const ForwardArgs& args, const Plan& p, const Pair<Acc>*, const Walk<kVec>& w) {
@@ -214,6 +279,7 @@ struct ForwardSums {
     }
   }
 
+  template <bool>
   C10_DEVICE C10_ALWAYS_INLINE void visit(int l, Acc x, Acc, Pair<Acc>& sum) const {
     const Acc d = x - shift[l];
     sum.a += d;
@@ -230,7 +296,9 @@ struct BackwardSums {
   static constexpr bool kReadsDy = true;
   static constexpr bool kChannelSums = true;
   static constexpr int kUnroll = kBackwardSumsUnroll;
+  static constexpr int kPipeUnroll = kBackwardSumsPipeUnroll;
   static constexpr int kMinBlocks = kBackwardSumsBlocks;
+  static constexpr int kLeanBlocks = kMinBlocks;
   Acc scale[kVec], offset[kVec];  // xhat = scale x + offset
   Acc weight[kVec], bias[kVec];   // z = weight xhat + bias (SiLU only)
   bool silu;
@@ -248,9 +316,10 @@ struct BackwardSums {
     }
   }
 
+  template <bool kFast>
   C10_DEVICE C10_ALWAYS_INLINE void visit(int l, Acc x, Acc dy, Pair<Acc>& sum) const {
     const Acc xhat = x * scale[l] + offset[l];
-    const Acc dz = silu ? dy * activation_slope(xhat * weight[l] + bias[l], true) : dy;
+    const Acc dz = silu ? dy * slope_for<kFast>(xhat * weight[l] + bias[l]) : dy;
     sum.a += dz;
     sum.b += dz * xhat;
   }
@@ -266,7 +335,9 @@ struct ForwardApply {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = false;
   static constexpr int kUnroll = kForwardApplyUnroll;
+  static constexpr int kPipeUnroll = kForwardApplyPipeUnroll;
   static constexpr int kMinBlocks = kForwardApplyBlocks;
+  static constexpr int kLeanBlocks = kMinBlocks;
   Acc a[kVec], b[kVec];
   bool silu;
 
@@ -283,7 +354,8 @@ struct ForwardApply {
     }
   }
 
-  C10_DEVICE C10_ALWAYS_INLINE Acc value(int l, Acc x, Acc) const { return activate(x * a[l] + b[l], silu); }
+  template <bool kFast>
+  C10_DEVICE C10_ALWAYS_INLINE Acc value(int l, Acc x, Acc) const { return activate_for<kFast>(x * a[l] + b[l], silu); }
 };
 
 // Backward output: dx = a dz + B x + D, dz = dy act'(a x + b); slot_table holds the groups' (B, D).
@@ -292,7 +364,9 @@ struct BackwardApply {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = true;
   static constexpr int kUnroll = kBackwardApplyUnroll;
+  static constexpr int kPipeUnroll = kBackwardApplyPipeUnroll;
   static constexpr int kMinBlocks = kBackwardApplyBlocks;
+  static constexpr int kLeanBlocks = kMinBlocks;
   Acc a[kVec], b[kVec], B[kVec], D[kVec];
   bool silu;
 
@@ -312,15 +386,16 @@ struct BackwardApply {
     }
   }
 
+  template <bool kFast>
   C10_DEVICE C10_ALWAYS_INLINE Acc value(int l, Acc x, Acc dy) const {
-    const Acc dz = silu ? dy * activation_slope(x * a[l] + b[l], true) : dy;
+    const Acc dz = silu ? dy * slope_for<kFast>(x * a[l] + b[l]) : dy;
     return a[l] * dz + B[l] * x + D[l];
   }
 };
 
 // ---- the walk ------------------------------------------------------------------------------------
 
-// Calls f(j, x pack, dy pack) for each of the thread's packs, kUnroll packs' loads ahead.
+// Calls f(element offset, x pack, dy pack) for each of the thread's packs, kUnroll packs' loads ahead.
 template <class T, int kVec, int kUnroll, bool kReadsDy, class F>
 C10_DEVICE C10_ALWAYS_INLINE void for_each_pack(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
   using Pack = AlignedVector<T, kVec>;
@@ -336,8 +411,96 @@ C10_DEVICE C10_ALWAYS_INLINE void for_each_pack(const Walk<kVec>& w, const T* x,
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (j + u < w.count) f(j + u, xs[u], dys[u]);
+      if (j + u < w.count) f(w.first + (j + u) * w.stride, xs[u], dys[u]);
     }
+  }
+}
+
+// A pipelined batch holds 16-byte packs as four 32-bit words, turned into T only where they are used:
+// held as AlignedVector<c10::BFloat16, 8>, nvcc moved each element into a register of its own right
+// after the load (8 registers a pack, not 4), which spilled the bf16 kernels.
+template <class Pack>
+using Held = std::conditional_t<sizeof(Pack) == 16, uint4, Pack>;
+
+// A pack read for the last time (kLast: the apply passes under Variant::kStream): evict-first.
+template <bool kLast, class Pack, class T>
+C10_DEVICE C10_ALWAYS_INLINE Held<Pack> load_held(const T* base, int64_t offset) {
+  const Held<Pack>* at = reinterpret_cast<const Held<Pack>*>(base + offset);
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  if constexpr (kLast && sizeof(Pack) == 16) return __ldcs(at);
+#endif
+  return *at;
+}
+
+template <class Pack>
+C10_DEVICE C10_ALWAYS_INLINE Pack unheld(const Held<Pack>& held) {
+  Pack pack;
+  memcpy(&pack, &held, sizeof(pack));
+  return pack;
+}
+
+// The output pack, evict-first under kLast (st.global.cs, one 16-byte store as store_vector's).
+template <bool kLast, int kVec, class T>
+C10_DEVICE C10_ALWAYS_INLINE void store_pack(T* base, int64_t offset, const AlignedVector<T, kVec>& pack) {
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  if constexpr (kLast && sizeof(pack) == 16) {
+    uint4 bits;
+    memcpy(&bits, &pack, sizeof(bits));
+    __stcs(reinterpret_cast<uint4*>(base + offset), bits);
+    return;
+  }
+#endif
+  store_vector<kVec>(base, offset, pack);
+}
+
+// for_each_pack's calls, software-pipelined (Variant::kPipe, kStream): two batches of kUnroll packs in
+// registers, the loads of one issued before the other is used, so the thread never waits with no
+// load in flight (the default walk's load-all-then-use-all leaves DRAM idle while it adds: its sums
+// pass stalled on long_scoreboard 46% of the time, at 49% of DRAM bandwidth). Offsets step by the
+// stride from the walk's first.
+template <class T, int kVec, int kUnroll, bool kReadsDy, bool kLast, class F>
+C10_DEVICE C10_ALWAYS_INLINE void for_each_pack_pipelined(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
+  using Pack = AlignedVector<T, kVec>;
+  struct Batch {
+    Held<Pack> xs[kUnroll], dys[kUnroll];
+  };
+  const int64_t batch_stride = kUnroll * w.stride;
+  const auto load = [&](Batch& b, int j, int64_t at) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j + u < w.count) {
+        b.xs[u] = load_held<kLast, Pack>(x, at);
+        if constexpr (kReadsDy) b.dys[u] = load_held<kLast, Pack>(dy, at);
+      }
+      at += w.stride;
+    }
+  };
+  const auto use = [&](const Batch& b, int j, int64_t at) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j + u < w.count) f(at, unheld<Pack>(b.xs[u]), unheld<Pack>(b.dys[u]));
+      at += w.stride;
+    }
+  };
+  Batch even, odd;
+  int64_t at = w.first;
+  load(even, 0, at);
+  for (int j = 0; j < w.count; j += 2 * kUnroll, at += 2 * batch_stride) {
+    load(odd, j + kUnroll, at + batch_stride);
+    use(even, j, at);
+    if (j + kUnroll >= w.count) break;
+    load(even, j + 2 * kUnroll, at + 2 * batch_stride);
+    use(odd, j + kUnroll, at + batch_stride);
+  }
+}
+
+// The walk of Variant kV over the thread's packs for Pass (kLast: the data's last read, see load_pack).
+template <Variant kV, class Pass, bool kLast, class T, int kVec, class F>
+C10_DEVICE C10_ALWAYS_INLINE void walk_packs(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
+  if constexpr (kV == Variant::kDefault) {
+    for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, x, dy, f);
+  } else {
+    for_each_pack_pipelined<T, kVec, Pass::kPipeUnroll, Pass::kReadsDy, kLast && kV == Variant::kStream>(w, x, dy, f);
   }
 }
 
@@ -481,8 +644,8 @@ C10_DEVICE void group_coefficients(const BackwardArgs& args, const Plan& p, cons
 // ---- kernels ---------------------------------------------------------------------------------------
 
 // The block's sums per group its chunk touches (and, for the backward, per channel).
-template <class T, int kVec, Layout kLayout, class Pass, class Args>
-__global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) sums_kernel(Args args, Plan p) {
+template <class T, int kVec, Layout kLayout, class Pass, class Args, Variant kV>
+__global__ void __launch_bounds__(kThreads, min_blocks<Pass>(kV)) sums_kernel(Args args, Plan p) {
   using Acc = acc_type<T>;
   extern __shared__ unsigned char shared_bytes[];
   Pair<Acc>* lane_sums = reinterpret_cast<Pair<Acc>*>(shared_bytes);  // [threads * kVec]
@@ -497,12 +660,12 @@ __global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) sums_kernel(Args a
   const T* dy = nullptr;
   if constexpr (Pass::kReadsDy) dy = static_cast<const T*>(args.dy);
   pass.prepare(args, p, nullptr, w);
-  for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, static_cast<const T*>(args.x), dy, [&](int, const auto& xs, const auto& dys) {
+  walk_packs<kV, Pass, false>(w, static_cast<const T*>(args.x), dy, [&](int64_t, const auto& xs, const auto& dys) {
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
       Acc d = Acc(0);
       if constexpr (Pass::kReadsDy) d = static_cast<Acc>(dys.value[l]);
-      pass.visit(l, static_cast<Acc>(xs.value[l]), d, sums[l]);
+      pass.template visit<kV == Variant::kStream>(l, static_cast<Acc>(xs.value[l]), d, sums[l]);
     }
   });
   // Per channel of the chunk, in a fixed order: NHWC adds the rows of each (pack, lane) (row r's
@@ -562,8 +725,8 @@ __global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) sums_kernel(Args a
 }
 
 // The output of Pass over the block's tile; blocks walk the tiles last-read-first.
-template <class T, int kVec, Layout kLayout, class Pass, class Args>
-__global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) apply_kernel(Args args, Plan p, T* out) {
+template <class T, int kVec, Layout kLayout, class Pass, class Args, Variant kV>
+__global__ void __launch_bounds__(kThreads, min_blocks<Pass>(kV)) apply_kernel(Args args, Plan p, T* out) {
   using Acc = acc_type<T>;
   extern __shared__ unsigned char shared_bytes[];
   Pair<Acc>* slot_table = reinterpret_cast<Pair<Acc>*>(shared_bytes);  // [slots]
@@ -578,15 +741,16 @@ __global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) apply_kernel(Args 
   pass.prepare(args, p, slot_table, w);
   const T* dy = nullptr;
   if constexpr (Pass::kReadsDy) dy = static_cast<const T*>(args.dy);
-  for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, static_cast<const T*>(args.x), dy, [&](int j, const auto& xs, const auto& dys) {
+  constexpr bool kLast = kV == Variant::kStream;
+  walk_packs<kV, Pass, true>(w, static_cast<const T*>(args.x), dy, [&](int64_t at, const auto& xs, const auto& dys) {
     AlignedVector<T, kVec> o;
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
       Acc d = Acc(0);
       if constexpr (Pass::kReadsDy) d = static_cast<Acc>(dys.value[l]);
-      o.value[l] = static_cast<T>(pass.value(l, static_cast<Acc>(xs.value[l]), d));
+      o.value[l] = static_cast<T>(pass.template value<kLast>(l, static_cast<Acc>(xs.value[l]), d));
     }
-    store_vector<kVec>(out, w.first + j * w.stride, o);
+    store_pack<kLast, kVec>(out, at, o);
   });
 }
 
@@ -661,11 +825,12 @@ void run(const Cuda& device, const Args& args, T* out, std::initializer_list<con
   const int64_t max_splits = Sums<T, 1, Layout::kNhwc>::kChannelSums
                                  ? channel_sums_split_cap(shape, sizeof(T), sizeof(Acc))
                                  : 0;
-  const auto launch = [&](auto layout, auto width) {
+  const auto launch = [&](auto layout, auto width, auto which) {
     constexpr Layout kLayout = decltype(layout)::value;
     constexpr int kWidth = decltype(width)::value;
-    const auto sums = sums_kernel<T, kWidth, kLayout, Sums<T, kWidth, kLayout>, Args>;
-    const auto apply = apply_kernel<T, kWidth, kLayout, Apply<T, kWidth>, Args>;
+    constexpr Variant kV = decltype(which)::value;
+    const auto sums = sums_kernel<T, kWidth, kLayout, Sums<T, kWidth, kLayout>, Args, kV>;
+    const auto apply = apply_kernel<T, kWidth, kLayout, Apply<T, kWidth>, Args, kV>;
     const Plan any = plan_for(shape, kWidth, device, 1);  // the block shape: the same for every grid
     const size_t sums_shared = sizeof(Pair<Acc>) * (static_cast<size_t>(any.threads) * kWidth + any.chunk_width);
     const size_t apply_shared = sizeof(Pair<Acc>) * any.slots;
@@ -680,10 +845,17 @@ void run(const Cuda& device, const Args& args, T* out, std::initializer_list<con
                            dim3(any.threads), apply_shared, stream, args, apply_plan, out);
   };
   const auto with_layout = [&](auto layout) {
-    if (vec == kVec) {
-      launch(layout, std::integral_constant<int, kVec>{});
+    constexpr auto kVector = std::integral_constant<int, kVec>{};
+    if (vec != kVec) {
+      launch(layout, std::integral_constant<int, 1>{}, std::integral_constant<Variant, Variant::kDefault>{});
+    } else if (variant() == Variant::kPipe) {
+      launch(layout, kVector, std::integral_constant<Variant, Variant::kPipe>{});
+    } else if (variant() == Variant::kLean) {
+      launch(layout, kVector, std::integral_constant<Variant, Variant::kLean>{});
+    } else if (variant() == Variant::kStream) {
+      launch(layout, kVector, std::integral_constant<Variant, Variant::kStream>{});
     } else {
-      launch(layout, std::integral_constant<int, 1>{});
+      launch(layout, kVector, std::integral_constant<Variant, Variant::kDefault>{});
     }
   };
   if (shape.layout == Layout::kNhwc) {
