@@ -71,8 +71,9 @@ constexpr int kForwardApplyUnroll = 6, kForwardApplyBlocks = 2;
 constexpr int kBackwardSumsUnroll = 2, kBackwardSumsBlocks = 2;
 constexpr int kBackwardApplyUnroll = 2, kBackwardApplyBlocks = 2;
 // The pipelined walk's batch (Variant::kPipe and after; two batches in registers): as large as fits
-// the same register budget without spilling (ptxas -v, sm_90, 16-bit data: 8 spilled in both forward
-// passes, 2 in the backward sums). Variant::kLean and kStream also give the forward sums a budget
+// the same register budget without spilling (ptxas -v, sm_90, 16-bit data: 4 and 2 use 90-96
+// registers; 8 spilled in the forward passes, 2 in the backward sums, before packs were held as
+// words (Held)). Variant::kLean and kStream also give the forward sums a budget
 // of 3 blocks of kThreads (80 registers, no spills; the other passes spill there): 5 blocks of the
 // benchmark's 160 threads an SM, from 3.
 constexpr int kForwardSumsPipeUnroll = 4, kForwardApplyPipeUnroll = 4;
@@ -422,7 +423,7 @@ C10_DEVICE C10_ALWAYS_INLINE void for_each_pack(const Walk<kVec>& w, const T* x,
 template <class Pack>
 using Held = std::conditional_t<sizeof(Pack) == 16, uint4, Pack>;
 
-// A pack read for the last time (kLast: the apply passes under Variant::kStream): evict-first.
+// A pack, evict-first where it is read for the last time (kLast: the apply passes under kStream).
 template <bool kLast, class Pack, class T>
 C10_DEVICE C10_ALWAYS_INLINE Held<Pack> load_held(const T* base, int64_t offset) {
   const Held<Pack>* at = reinterpret_cast<const Held<Pack>*>(base + offset);
@@ -453,7 +454,7 @@ C10_DEVICE C10_ALWAYS_INLINE void store_pack(T* base, int64_t offset, const Alig
   store_vector<kVec>(base, offset, pack);
 }
 
-// for_each_pack's calls, software-pipelined (Variant::kPipe, kStream): two batches of kUnroll packs in
+// for_each_pack's calls, software-pipelined (Variant::kPipe and after): two batches of kUnroll packs in
 // registers, the loads of one issued before the other is used, so the thread never waits with no
 // load in flight (the default walk's load-all-then-use-all leaves DRAM idle while it adds: its sums
 // pass stalled on long_scoreboard 46% of the time, at 49% of DRAM bandwidth). Offsets step by the
@@ -494,7 +495,7 @@ C10_DEVICE C10_ALWAYS_INLINE void for_each_pack_pipelined(const Walk<kVec>& w, c
   }
 }
 
-// The walk of Variant kV over the thread's packs for Pass (kLast: the data's last read, see load_pack).
+// The walk of Variant kV over the thread's packs for Pass (kLast: the data's last read, see load_held).
 template <Variant kV, class Pass, bool kLast, class T, int kVec, class F>
 C10_DEVICE C10_ALWAYS_INLINE void walk_packs(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
   if constexpr (kV == Variant::kDefault) {
