@@ -270,10 +270,11 @@ def test_launch_plans_on_gpu(shape, groups, memory_format, dtype):
 
 # The walk's lengths: packs a thread takes (0 to 9, one split; NHWC 64 16-bit channels: blocks of 8
 # packs x 32 rows; NCHW: 32 lanes of 8-element packs) around the pipelined walk's batches of 1, 2 and
-# 4 packs (APEX_GN_VARIANT=pipe / stream): fewer than a batch, one, between one and two, two, one past.
+# 4 packs (APEX_GN_VARIANT=pipe / lean / stream): fewer than a batch, one, between one and two, two,
+# one past.
 @pytest.mark.gpu
 @pytest.mark.parametrize("spatial,memory_format", [
-    (1, torch.channels_last), (20, torch.channels_last), (100, torch.channels_last),
+    (2, torch.channels_last), (20, torch.channels_last), (100, torch.channels_last),
     (128, torch.channels_last), (160, torch.channels_last), (200, torch.channels_last),
     (256, torch.channels_last), (288, torch.channels_last),
     (8, torch.contiguous_format), (320, torch.contiguous_format), (800, torch.contiguous_format),
