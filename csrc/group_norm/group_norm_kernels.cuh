@@ -79,6 +79,10 @@ constexpr int kBackwardApplyUnroll = 2, kBackwardApplyBlocks = 2;
 constexpr int kForwardSumsPipeUnroll = 4, kForwardApplyPipeUnroll = 4;
 constexpr int kBackwardSumsPipeUnroll = 1, kBackwardApplyPipeUnroll = 2;
 constexpr int kForwardSumsLeanBlocks = 3;
+// Variant::kWide: the sums passes' batch doubled (16 packs of x a thread in flight in the forward,
+// 4 of x and 4 of dy in the backward) at their default budget of 2 blocks of kThreads (128
+// registers); fits now that packs are held as words.
+constexpr int kForwardSumsWideUnroll = 8, kBackwardSumsWideUnroll = 2;
 // The backward's per-channel sums (written by the sums pass, read by the apply pass) are kept
 // under 1/kChannelSumsShare of x's bytes by capping its splits, unless that leaves SMs idle.
 constexpr int kChannelSumsShare = 16;
@@ -96,7 +100,15 @@ constexpr int kParamChannelLanes = 8;
 //             output (so the output does not push out of L2 the x tiles still to be re-read), and the
 //             SiLU's sigmoid as ex2.approx.ftz + rcp.approx.ftz (apex/fast_exp2.cuh: the same
 //             approximations without the subnormal fix-ups around them).
-enum class Variant : int { kDefault, kPipe, kLean, kStream };
+// Two more, each on top of kStream (not of each other):
+//   kWide:    the sums passes' batches doubled (kForwardSumsWideUnroll) at the default 128 registers
+//             (so the forward sums at 3 blocks of 160 threads an SM, not kLean's 5);
+//   kNocheck: a batch the thread has whole (count - j >= kUnroll) loads and uses its packs without a
+//             check each (no predicate, address and branch per pack); the last, partial batch checks.
+enum class Variant : int { kDefault, kPipe, kLean, kStream, kWide, kNocheck };
+
+// kStream's hints and sigmoid, which kWide and kNocheck keep.
+constexpr bool streams(Variant kV) { return kV >= Variant::kStream; }
 
 inline Variant variant() {
   static const Variant chosen = [] {
@@ -104,6 +116,8 @@ inline Variant variant() {
     if (name != nullptr && std::strcmp(name, "pipe") == 0) return Variant::kPipe;
     if (name != nullptr && std::strcmp(name, "lean") == 0) return Variant::kLean;
     if (name != nullptr && std::strcmp(name, "stream") == 0) return Variant::kStream;
+    if (name != nullptr && std::strcmp(name, "wide") == 0) return Variant::kWide;
+    if (name != nullptr && std::strcmp(name, "nocheck") == 0) return Variant::kNocheck;
     return Variant::kDefault;
   }();
   return chosen;
@@ -112,7 +126,14 @@ inline Variant variant() {
 // Blocks of kThreads an SM must hold (__launch_bounds__) for Pass under variant kV.
 template <class Pass>
 constexpr int min_blocks(Variant kV) {
-  return kV == Variant::kLean || kV == Variant::kStream ? Pass::kLeanBlocks : Pass::kMinBlocks;
+  return kV == Variant::kLean || kV == Variant::kStream || kV == Variant::kNocheck ? Pass::kLeanBlocks
+                                                                                     : Pass::kMinBlocks;
+}
+
+// Packs in each of the pipelined walk's two batches for Pass under variant kV.
+template <class Pass>
+constexpr int pipe_unroll(Variant kV) {
+  return kV == Variant::kWide ? Pass::kWideUnroll : Pass::kPipeUnroll;
 }
 
 // The SiLU's sigmoid: kStream's for float (16-bit and float32 data), else group_norm_math.h's.
@@ -267,6 +288,7 @@ struct ForwardSums {
   static constexpr bool kChannelSums = false;
   static constexpr int kUnroll = kForwardSumsUnroll;
   static constexpr int kPipeUnroll = kForwardSumsPipeUnroll;
+  static constexpr int kWideUnroll = kForwardSumsWideUnroll;
   static constexpr int kMinBlocks = kForwardSumsBlocks;
   static constexpr int kLeanBlocks = kForwardSumsLeanBlocks;
   Acc shift[kVec];
@@ -298,6 +320,7 @@ struct BackwardSums {
   static constexpr bool kChannelSums = true;
   static constexpr int kUnroll = kBackwardSumsUnroll;
   static constexpr int kPipeUnroll = kBackwardSumsPipeUnroll;
+  static constexpr int kWideUnroll = kBackwardSumsWideUnroll;
   static constexpr int kMinBlocks = kBackwardSumsBlocks;
   static constexpr int kLeanBlocks = kMinBlocks;
   Acc scale[kVec], offset[kVec];  // xhat = scale x + offset
@@ -337,6 +360,7 @@ struct ForwardApply {
   static constexpr bool kReadsDy = false;
   static constexpr int kUnroll = kForwardApplyUnroll;
   static constexpr int kPipeUnroll = kForwardApplyPipeUnroll;
+  static constexpr int kWideUnroll = kPipeUnroll;
   static constexpr int kMinBlocks = kForwardApplyBlocks;
   static constexpr int kLeanBlocks = kMinBlocks;
   Acc a[kVec], b[kVec];
@@ -366,6 +390,7 @@ struct BackwardApply {
   static constexpr bool kReadsDy = true;
   static constexpr int kUnroll = kBackwardApplyUnroll;
   static constexpr int kPipeUnroll = kBackwardApplyPipeUnroll;
+  static constexpr int kWideUnroll = kPipeUnroll;
   static constexpr int kMinBlocks = kBackwardApplyBlocks;
   static constexpr int kLeanBlocks = kMinBlocks;
   Acc a[kVec], b[kVec], B[kVec], D[kVec];
@@ -458,30 +483,46 @@ C10_DEVICE C10_ALWAYS_INLINE void store_pack(T* base, int64_t offset, const Alig
 // registers, the loads of one issued before the other is used, so the thread never waits with no
 // load in flight (the default walk's load-all-then-use-all leaves DRAM idle while it adds: its sums
 // pass stalled on long_scoreboard 46% of the time, at 49% of DRAM bandwidth). Offsets step by the
-// stride from the walk's first.
-template <class T, int kVec, int kUnroll, bool kReadsDy, bool kLast, class F>
+// stride from the walk's first. kWhole (Variant::kNocheck): a batch the thread has whole is loaded
+// and used with no check per pack (the checks cost a predicate, a re-made address and a branch around
+// f per pack: ~10 of the ~49 instructions a bf16 pack takes in the forward sums' loop); only the
+// last, partial batch checks each pack. kWholeUses: f is also called unchecked there (the sums
+// passes; the apply passes' f is large, and a second copy of it took them to 128 registers).
+template <class T, int kVec, int kUnroll, bool kReadsDy, bool kLast, bool kWhole, bool kWholeUses, class F>
 C10_DEVICE C10_ALWAYS_INLINE void for_each_pack_pipelined(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
   using Pack = AlignedVector<T, kVec>;
   struct Batch {
     Held<Pack> xs[kUnroll], dys[kUnroll];
   };
   const int64_t batch_stride = kUnroll * w.stride;
-  const auto load = [&](Batch& b, int j, int64_t at) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (j + u < w.count) {
-        b.xs[u] = load_held<kLast, Pack>(x, at);
-        if constexpr (kReadsDy) b.dys[u] = load_held<kLast, Pack>(dy, at);
-      }
-      at += w.stride;
+  // g(checked) over the batch of packs j.. : checked is std::false_type where the batch is whole.
+  const auto per_batch = [&](int j, bool whole, auto&& g) {
+    if (whole && j + kUnroll <= w.count) {
+      g(std::false_type{});
+    } else {
+      g(std::true_type{});
     }
   };
-  const auto use = [&](const Batch& b, int j, int64_t at) {
+  const auto load = [&](Batch& b, int j, int64_t at) {
+    per_batch(j, kWhole, [&](auto checked) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (j + u < w.count) f(at, unheld<Pack>(b.xs[u]), unheld<Pack>(b.dys[u]));
-      at += w.stride;
-    }
+      for (int u = 0; u < kUnroll; ++u) {
+        if (!decltype(checked)::value || j + u < w.count) {
+          b.xs[u] = load_held<kLast, Pack>(x, at);
+          if constexpr (kReadsDy) b.dys[u] = load_held<kLast, Pack>(dy, at);
+        }
+        at += w.stride;
+      }
+    });
+  };
+  const auto use = [&](const Batch& b, int j, int64_t at) {
+    per_batch(j, kWholeUses, [&](auto checked) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (!decltype(checked)::value || j + u < w.count) f(at, unheld<Pack>(b.xs[u]), unheld<Pack>(b.dys[u]));
+        at += w.stride;
+      }
+    });
   };
   Batch even, odd;
   int64_t at = w.first;
@@ -501,7 +542,8 @@ C10_DEVICE C10_ALWAYS_INLINE void walk_packs(const Walk<kVec>& w, const T* x, co
   if constexpr (kV == Variant::kDefault) {
     for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, x, dy, f);
   } else {
-    for_each_pack_pipelined<T, kVec, Pass::kPipeUnroll, Pass::kReadsDy, kLast && kV == Variant::kStream>(w, x, dy, f);
+    for_each_pack_pipelined<T, kVec, pipe_unroll<Pass>(kV), Pass::kReadsDy, kLast && streams(kV),
+                            kV == Variant::kNocheck, kV == Variant::kNocheck && !kLast>(w, x, dy, f);
   }
 }
 
@@ -666,7 +708,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<Pass>(kV)) sums_kernel(Ar
     for (int l = 0; l < kVec; ++l) {
       Acc d = Acc(0);
       if constexpr (Pass::kReadsDy) d = static_cast<Acc>(dys.value[l]);
-      pass.template visit<kV == Variant::kStream>(l, static_cast<Acc>(xs.value[l]), d, sums[l]);
+      pass.template visit<streams(kV)>(l, static_cast<Acc>(xs.value[l]), d, sums[l]);
     }
   });
   // Per channel of the chunk, in a fixed order: NHWC adds the rows of each (pack, lane) (row r's
@@ -742,7 +784,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<Pass>(kV)) apply_kernel(A
   pass.prepare(args, p, slot_table, w);
   const T* dy = nullptr;
   if constexpr (Pass::kReadsDy) dy = static_cast<const T*>(args.dy);
-  constexpr bool kLast = kV == Variant::kStream;
+  constexpr bool kLast = streams(kV);
   walk_packs<kV, Pass, true>(w, static_cast<const T*>(args.x), dy, [&](int64_t at, const auto& xs, const auto& dys) {
     AlignedVector<T, kVec> o;
 #pragma unroll
@@ -855,6 +897,10 @@ void run(const Cuda& device, const Args& args, T* out, std::initializer_list<con
       launch(layout, kVector, std::integral_constant<Variant, Variant::kLean>{});
     } else if (variant() == Variant::kStream) {
       launch(layout, kVector, std::integral_constant<Variant, Variant::kStream>{});
+    } else if (variant() == Variant::kWide) {
+      launch(layout, kVector, std::integral_constant<Variant, Variant::kWide>{});
+    } else if (variant() == Variant::kNocheck) {
+      launch(layout, kVector, std::integral_constant<Variant, Variant::kNocheck>{});
     } else {
       launch(layout, kVector, std::integral_constant<Variant, Variant::kDefault>{});
     }

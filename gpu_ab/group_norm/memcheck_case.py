@@ -1,5 +1,5 @@
-"""Small group norm cases for compute-sanitizer memcheck under each APEX_GN_VARIANT (pipe, lean and
-stream are separate kernels): forward + backward with SiLU, 16-bit / float32 / float64 data, NHWC and
+"""Small group norm cases for compute-sanitizer memcheck under each APEX_GN_VARIANT (pipe, lean,
+stream, wide and nocheck are separate kernels): forward + backward with SiLU, 16-bit / float32 / float64 data, NHWC and
 NCHW, walks of 0 to 10 packs a thread (the pipelined walk's partial batches and its tail)."""
 import torch
 

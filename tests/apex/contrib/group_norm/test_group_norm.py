@@ -268,17 +268,19 @@ def test_launch_plans_on_gpu(shape, groups, memory_format, dtype):
     check(x, groups)
 
 
-# The walk's lengths: packs a thread takes (0 to 9, one split; NHWC 64 16-bit channels: blocks of 8
-# packs x 32 rows; NCHW: 32 lanes of 8-element packs) around the pipelined walk's batches of 1, 2 and
-# 4 packs (APEX_GN_VARIANT=pipe / lean / stream): fewer than a batch, one, between one and two, two,
-# one past.
+# The walk's lengths: packs a thread takes (0 to 17 in one split; NHWC 64 16-bit channels: blocks of 8
+# packs x 32 rows; NCHW: 32 lanes of 8-element packs) around the pipelined walk's batches of 1, 2, 4
+# and 8 packs (APEX_GN_VARIANT=pipe / lean / stream / wide / nocheck): fewer than a batch, one,
+# between one and two, two, one past; 15 to 17 for wide's batches of 8 and nocheck's whole batches.
 @pytest.mark.gpu
 @pytest.mark.parametrize("spatial,memory_format", [
     (2, torch.channels_last), (20, torch.channels_last), (100, torch.channels_last),
     (128, torch.channels_last), (160, torch.channels_last), (200, torch.channels_last),
-    (256, torch.channels_last), (288, torch.channels_last),
+    (256, torch.channels_last), (288, torch.channels_last), (480, torch.channels_last),
+    (512, torch.channels_last), (544, torch.channels_last),
     (8, torch.contiguous_format), (320, torch.contiguous_format), (800, torch.contiguous_format),
     (1040, torch.contiguous_format), (2048, torch.contiguous_format), (2080, torch.contiguous_format),
+    (3840, torch.contiguous_format), (4096, torch.contiguous_format), (4352, torch.contiguous_format),
 ])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_thread_walk_lengths_on_gpu(spatial, memory_format, dtype):
