@@ -42,7 +42,6 @@
 #include "group_norm.h"
 #include "group_norm_math.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -61,28 +60,26 @@ constexpr int kNchwLanes = 32;
 constexpr int kFoldBatch = 8;
 // Threads an SM holds at most (Hopper, Ampere; bounds the workspace's partial sums).
 constexpr int kMaxThreadsPerSm = 2048;
-// Per pass: packs a thread loads (per input) before using any, and blocks of kThreads an SM must
-// hold (__launch_bounds__, so a register budget of 65536 / (kThreads x blocks)). Chosen together:
-// as many packs in flight as the budget holds without spilling (ptxas -v, sm_90, 16-bit data in
-// 16-byte packs). The apply passes also hold per-lane coefficients; the backward reads two inputs
-// and keeps four coefficients a lane.
-constexpr int kForwardSumsUnroll = 8, kForwardSumsBlocks = 2;
-constexpr int kForwardApplyUnroll = 6, kForwardApplyBlocks = 2;
-constexpr int kBackwardSumsUnroll = 2, kBackwardSumsBlocks = 2;
-constexpr int kBackwardApplyUnroll = 2, kBackwardApplyBlocks = 2;
-// The pipelined walk's batch (Variant::kPipe and after; two batches in registers): as large as fits
-// the same register budget without spilling (ptxas -v, sm_90, 16-bit data: 4 and 2 use 90-96
-// registers; 8 spilled in the forward passes, 2 in the backward sums, before packs were held as
-// words (Held)). Variant::kLean and kStream also give the forward sums a budget
-// of 3 blocks of kThreads (80 registers, no spills; the other passes spill there): 5 blocks of the
-// benchmark's 160 threads an SM, from 3.
-constexpr int kForwardSumsPipeUnroll = 4, kForwardApplyPipeUnroll = 4;
-constexpr int kBackwardSumsPipeUnroll = 1, kBackwardApplyPipeUnroll = 2;
-constexpr int kForwardSumsLeanBlocks = 3;
-// Variant::kWide: the sums passes' batch doubled (16 packs of x a thread in flight in the forward,
-// 4 of x and 4 of dy in the backward) at their default budget of 2 blocks of kThreads (128
-// registers); fits now that packs are held as words.
-constexpr int kForwardSumsWideUnroll = 8, kBackwardSumsWideUnroll = 2;
+// Per pass, two paths (each pass's kUnroll and kBlocks pick by kVec):
+//   the 16-byte vector path (for_each_pack_pipelined): two batches of kUnroll packs in registers a
+//     thread, the next batch's loads in flight while the current one is used; packs held as 32-bit
+//     words (Held). Each batch as large as fits the pass's register budget without spilling (ptxas
+//     -v, sm_90, 16-bit data: 80-96 registers). The forward sums take a budget of 3 blocks of
+//     kThreads (80 registers): 5 blocks of the benchmark's 160 threads an SM where 2 blocks (128
+//     registers) gave 3; the other passes spill at 80. H200, 16x320x64x64 bf16 NHWC: 1763 -> 1830
+//     GB/s forward with the pipelined walk and this budget (session 30);
+//   the width-1 path (for_each_pack: unaligned data, or C / S not a multiple of the vector): kUnroll
+//     packs loaded, then all used, then the next kUnroll, at 2 blocks of kThreads (128 registers).
+constexpr int kForwardSumsVectorUnroll = 4, kForwardSumsVectorBlocks = 3;
+constexpr int kForwardApplyVectorUnroll = 4, kForwardApplyVectorBlocks = 2;
+constexpr int kBackwardSumsVectorUnroll = 1, kBackwardSumsVectorBlocks = 2;
+constexpr int kBackwardApplyVectorUnroll = 2, kBackwardApplyVectorBlocks = 2;
+constexpr int kForwardSumsScalarUnroll = 8, kForwardApplyScalarUnroll = 6;
+constexpr int kBackwardSumsScalarUnroll = 2, kBackwardApplyScalarUnroll = 2;
+constexpr int kScalarBlocks = 2;
+// Packs a thread takes at least in a split of the spatial axis (plan_for): two of the vector path's
+// forward-sums batches, one of the width-1 path's.
+constexpr int kMinSplitPacks = 8;
 // The backward's per-channel sums (written by the sums pass, read by the apply pass) are kept
 // under 1/kChannelSumsShare of x's bytes by capping its splits, unless that leaves SMs idle.
 constexpr int kChannelSumsShare = 16;
@@ -90,53 +87,14 @@ constexpr int kChannelSumsShare = 16;
 // bytes a load); its other lanes split the terms.
 constexpr int kParamChannelLanes = 8;
 
-// A/B of the two passes' own speed (APEX_GN_VARIANT, read once on the host by variant(); the 16-byte
-// vector path only, width-1 packs keep the default walk). Each variant adds to the one before:
-//   kDefault: each thread loads kUnroll packs, then uses them, then loads the next kUnroll;
-//   kPipe:    the next batch's loads are issued before the current batch is used, so a thread always
-//             has loads in flight (for_each_pack_pipelined); offsets step by the stride;
-//   kLean:    the forward sums at 80 registers, 5 blocks of 160 threads an SM where kPipe has 3;
-//   kStream:  evict-first hints where the apply passes read x / dy for the last time and write their
-//             output (so the output does not push out of L2 the x tiles still to be re-read), and the
-//             SiLU's sigmoid as ex2.approx.ftz + rcp.approx.ftz (apex/fast_exp2.cuh: the same
-//             approximations without the subnormal fix-ups around them).
-// Two more, each on top of kStream (not of each other):
-//   kWide:    the sums passes' batches doubled (kForwardSumsWideUnroll) at the default 128 registers
-//             (so the forward sums at 3 blocks of 160 threads an SM, not kLean's 5);
-//   kNocheck: a batch the thread has whole (count - j >= kUnroll) loads and uses its packs without a
-//             check each (no predicate, address and branch per pack); the last, partial batch checks.
-enum class Variant : int { kDefault, kPipe, kLean, kStream, kWide, kNocheck };
+// Which path a pack width takes: the 16-byte vector path, or the width-1 path.
+template <int kVec>
+constexpr bool kVectorPath = kVec > 1;
 
-// kStream's hints and sigmoid, which kWide and kNocheck keep.
-constexpr bool streams(Variant kV) { return kV >= Variant::kStream; }
-
-inline Variant variant() {
-  static const Variant chosen = [] {
-    const char* name = std::getenv("APEX_GN_VARIANT");
-    if (name != nullptr && std::strcmp(name, "pipe") == 0) return Variant::kPipe;
-    if (name != nullptr && std::strcmp(name, "lean") == 0) return Variant::kLean;
-    if (name != nullptr && std::strcmp(name, "stream") == 0) return Variant::kStream;
-    if (name != nullptr && std::strcmp(name, "wide") == 0) return Variant::kWide;
-    if (name != nullptr && std::strcmp(name, "nocheck") == 0) return Variant::kNocheck;
-    return Variant::kDefault;
-  }();
-  return chosen;
-}
-
-// Blocks of kThreads an SM must hold (__launch_bounds__) for Pass under variant kV.
-template <class Pass>
-constexpr int min_blocks(Variant kV) {
-  return kV == Variant::kLean || kV == Variant::kStream || kV == Variant::kNocheck ? Pass::kLeanBlocks
-                                                                                     : Pass::kMinBlocks;
-}
-
-// Packs in each of the pipelined walk's two batches for Pass under variant kV.
-template <class Pass>
-constexpr int pipe_unroll(Variant kV) {
-  return kV == Variant::kWide ? Pass::kWideUnroll : Pass::kPipeUnroll;
-}
-
-// The SiLU's sigmoid: kStream's for float (16-bit and float32 data), else group_norm_math.h's.
+// The SiLU's sigmoid. kFast (the vector path, float accumulators: 16-bit and float32 data):
+// apex/fast_exp2.cuh's ex2.approx.ftz + rcp.approx.ftz, two MUFU instructions where expf and an IEEE
+// division take ~25 with a slow-path branch. Else (double, and the width-1 path, which was not
+// measured with it) group_norm_math.h's, as the CPU path.
 template <bool kFast, class Acc>
 C10_DEVICE C10_ALWAYS_INLINE Acc sigmoid_for(Acc z) {
   if constexpr (kFast && std::is_same_v<Acc, float>) {
@@ -286,11 +244,8 @@ struct ForwardSums {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = false;
   static constexpr bool kChannelSums = false;
-  static constexpr int kUnroll = kForwardSumsUnroll;
-  static constexpr int kPipeUnroll = kForwardSumsPipeUnroll;
-  static constexpr int kWideUnroll = kForwardSumsWideUnroll;
-  static constexpr int kMinBlocks = kForwardSumsBlocks;
-  static constexpr int kLeanBlocks = kForwardSumsLeanBlocks;
+  static constexpr int kUnroll = kVectorPath<kVec> ? kForwardSumsVectorUnroll : kForwardSumsScalarUnroll;
+  static constexpr int kBlocks = kVectorPath<kVec> ? kForwardSumsVectorBlocks : kScalarBlocks;
   Acc shift[kVec];
 
   C10_DEVICE void prepare(const ForwardArgs& args, const Plan& p, const Pair<Acc>*, const Walk<kVec>& w) {
@@ -318,11 +273,8 @@ struct BackwardSums {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = true;
   static constexpr bool kChannelSums = true;
-  static constexpr int kUnroll = kBackwardSumsUnroll;
-  static constexpr int kPipeUnroll = kBackwardSumsPipeUnroll;
-  static constexpr int kWideUnroll = kBackwardSumsWideUnroll;
-  static constexpr int kMinBlocks = kBackwardSumsBlocks;
-  static constexpr int kLeanBlocks = kMinBlocks;
+  static constexpr int kUnroll = kVectorPath<kVec> ? kBackwardSumsVectorUnroll : kBackwardSumsScalarUnroll;
+  static constexpr int kBlocks = kVectorPath<kVec> ? kBackwardSumsVectorBlocks : kScalarBlocks;
   Acc scale[kVec], offset[kVec];  // xhat = scale x + offset
   Acc weight[kVec], bias[kVec];   // z = weight xhat + bias (SiLU only)
   bool silu;
@@ -358,11 +310,8 @@ template <class T, int kVec>
 struct ForwardApply {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = false;
-  static constexpr int kUnroll = kForwardApplyUnroll;
-  static constexpr int kPipeUnroll = kForwardApplyPipeUnroll;
-  static constexpr int kWideUnroll = kPipeUnroll;
-  static constexpr int kMinBlocks = kForwardApplyBlocks;
-  static constexpr int kLeanBlocks = kMinBlocks;
+  static constexpr int kUnroll = kVectorPath<kVec> ? kForwardApplyVectorUnroll : kForwardApplyScalarUnroll;
+  static constexpr int kBlocks = kVectorPath<kVec> ? kForwardApplyVectorBlocks : kScalarBlocks;
   Acc a[kVec], b[kVec];
   bool silu;
 
@@ -388,11 +337,8 @@ template <class T, int kVec>
 struct BackwardApply {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = true;
-  static constexpr int kUnroll = kBackwardApplyUnroll;
-  static constexpr int kPipeUnroll = kBackwardApplyPipeUnroll;
-  static constexpr int kWideUnroll = kPipeUnroll;
-  static constexpr int kMinBlocks = kBackwardApplyBlocks;
-  static constexpr int kLeanBlocks = kMinBlocks;
+  static constexpr int kUnroll = kVectorPath<kVec> ? kBackwardApplyVectorUnroll : kBackwardApplyScalarUnroll;
+  static constexpr int kBlocks = kVectorPath<kVec> ? kBackwardApplyVectorBlocks : kScalarBlocks;
   Acc a[kVec], b[kVec], B[kVec], D[kVec];
   bool silu;
 
@@ -421,7 +367,8 @@ struct BackwardApply {
 
 // ---- the walk ------------------------------------------------------------------------------------
 
-// Calls f(element offset, x pack, dy pack) for each of the thread's packs, kUnroll packs' loads ahead.
+// The width-1 path's walk: calls f(element offset, x pack, dy pack) for each of the thread's packs,
+// kUnroll packs' loads ahead (all loaded, then all used).
 template <class T, int kVec, int kUnroll, bool kReadsDy, class F>
 C10_DEVICE C10_ALWAYS_INLINE void for_each_pack(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
   using Pack = AlignedVector<T, kVec>;
@@ -448,7 +395,8 @@ C10_DEVICE C10_ALWAYS_INLINE void for_each_pack(const Walk<kVec>& w, const T* x,
 template <class Pack>
 using Held = std::conditional_t<sizeof(Pack) == 16, uint4, Pack>;
 
-// A pack, evict-first where it is read for the last time (kLast: the apply passes under kStream).
+// A pack, evict-first (ld.global.cs) where it is read for the last time (kLast: the apply passes),
+// so that it does not push out of L2 the tiles the apply pass still has to re-read.
 template <bool kLast, class Pack, class T>
 C10_DEVICE C10_ALWAYS_INLINE Held<Pack> load_held(const T* base, int64_t offset) {
   const Held<Pack>* at = reinterpret_cast<const Held<Pack>*>(base + offset);
@@ -465,11 +413,15 @@ C10_DEVICE C10_ALWAYS_INLINE Pack unheld(const Held<Pack>& held) {
   return pack;
 }
 
-// The output pack, evict-first under kLast (st.global.cs, one 16-byte store as store_vector's).
-template <bool kLast, int kVec, class T>
+// The output pack: on the vector path evict-first (st.global.cs, one 16-byte store as
+// store_vector's), since nothing here reads it again and in L2 it would evict x's tiles that the
+// apply pass still re-reads (the sums pass left them there); else store_vector. These hints and the
+// fast sigmoid (sigmoid_for) took 16x320x64x64 bf16 NHWC on an H200 from 1830 to 2008 GB/s forward
+// and 1673 to 1788 GB/s forward + backward (session 30).
+template <int kVec, class T>
 C10_DEVICE C10_ALWAYS_INLINE void store_pack(T* base, int64_t offset, const AlignedVector<T, kVec>& pack) {
 #if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
-  if constexpr (kLast && sizeof(pack) == 16) {
+  if constexpr (sizeof(pack) == 16) {
     uint4 bits;
     memcpy(&bits, &pack, sizeof(bits));
     __stcs(reinterpret_cast<uint4*>(base + offset), bits);
@@ -479,50 +431,35 @@ C10_DEVICE C10_ALWAYS_INLINE void store_pack(T* base, int64_t offset, const Alig
   store_vector<kVec>(base, offset, pack);
 }
 
-// for_each_pack's calls, software-pipelined (Variant::kPipe and after): two batches of kUnroll packs in
+// The vector path's walk: for_each_pack's calls, software-pipelined. Two batches of kUnroll packs in
 // registers, the loads of one issued before the other is used, so the thread never waits with no
-// load in flight (the default walk's load-all-then-use-all leaves DRAM idle while it adds: its sums
-// pass stalled on long_scoreboard 46% of the time, at 49% of DRAM bandwidth). Offsets step by the
-// stride from the walk's first. kWhole (Variant::kNocheck): a batch the thread has whole is loaded
-// and used with no check per pack (the checks cost a predicate, a re-made address and a branch around
-// f per pack: ~10 of the ~49 instructions a bf16 pack takes in the forward sums' loop); only the
-// last, partial batch checks each pack. kWholeUses: f is also called unchecked there (the sums
-// passes; the apply passes' f is large, and a second copy of it took them to 128 registers).
-template <class T, int kVec, int kUnroll, bool kReadsDy, bool kLast, bool kWhole, bool kWholeUses, class F>
+// load in flight (load-all-then-use-all leaves DRAM idle while it adds: that walk's forward sums
+// stalled on long_scoreboard 46% of the time, at 49% of DRAM bandwidth). Offsets step by the stride
+// from the walk's first. (Loading and using a batch the thread has whole without a check per pack
+// saved ~4 of ~49 SASS instructions a bf16 pack and measured no faster on an H200: session 30.)
+template <class T, int kVec, int kUnroll, bool kReadsDy, bool kLast, class F>
 C10_DEVICE C10_ALWAYS_INLINE void for_each_pack_pipelined(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
   using Pack = AlignedVector<T, kVec>;
   struct Batch {
     Held<Pack> xs[kUnroll], dys[kUnroll];
   };
   const int64_t batch_stride = kUnroll * w.stride;
-  // g(checked) over the batch of packs j.. : checked is std::false_type where the batch is whole.
-  const auto per_batch = [&](int j, bool whole, auto&& g) {
-    if (whole && j + kUnroll <= w.count) {
-      g(std::false_type{});
-    } else {
-      g(std::true_type{});
+  const auto load = [&](Batch& b, int j, int64_t at) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j + u < w.count) {
+        b.xs[u] = load_held<kLast, Pack>(x, at);
+        if constexpr (kReadsDy) b.dys[u] = load_held<kLast, Pack>(dy, at);
+      }
+      at += w.stride;
     }
   };
-  const auto load = [&](Batch& b, int j, int64_t at) {
-    per_batch(j, kWhole, [&](auto checked) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (!decltype(checked)::value || j + u < w.count) {
-          b.xs[u] = load_held<kLast, Pack>(x, at);
-          if constexpr (kReadsDy) b.dys[u] = load_held<kLast, Pack>(dy, at);
-        }
-        at += w.stride;
-      }
-    });
-  };
   const auto use = [&](const Batch& b, int j, int64_t at) {
-    per_batch(j, kWholeUses, [&](auto checked) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (!decltype(checked)::value || j + u < w.count) f(at, unheld<Pack>(b.xs[u]), unheld<Pack>(b.dys[u]));
-        at += w.stride;
-      }
-    });
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j + u < w.count) f(at, unheld<Pack>(b.xs[u]), unheld<Pack>(b.dys[u]));
+      at += w.stride;
+    }
   };
   Batch even, odd;
   int64_t at = w.first;
@@ -536,14 +473,13 @@ C10_DEVICE C10_ALWAYS_INLINE void for_each_pack_pipelined(const Walk<kVec>& w, c
   }
 }
 
-// The walk of Variant kV over the thread's packs for Pass (kLast: the data's last read, see load_held).
-template <Variant kV, class Pass, bool kLast, class T, int kVec, class F>
+// The thread's packs for Pass, by its path's walk (kLast: the data's last read, see load_held).
+template <class Pass, bool kLast, class T, int kVec, class F>
 C10_DEVICE C10_ALWAYS_INLINE void walk_packs(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
-  if constexpr (kV == Variant::kDefault) {
-    for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, x, dy, f);
+  if constexpr (kVectorPath<kVec>) {
+    for_each_pack_pipelined<T, kVec, Pass::kUnroll, Pass::kReadsDy, kLast>(w, x, dy, f);
   } else {
-    for_each_pack_pipelined<T, kVec, pipe_unroll<Pass>(kV), Pass::kReadsDy, kLast && streams(kV),
-                            kV == Variant::kNocheck, kV == Variant::kNocheck && !kLast>(w, x, dy, f);
+    for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, x, dy, f);
   }
 }
 
@@ -687,8 +623,8 @@ C10_DEVICE void group_coefficients(const BackwardArgs& args, const Plan& p, cons
 // ---- kernels ---------------------------------------------------------------------------------------
 
 // The block's sums per group its chunk touches (and, for the backward, per channel).
-template <class T, int kVec, Layout kLayout, class Pass, class Args, Variant kV>
-__global__ void __launch_bounds__(kThreads, min_blocks<Pass>(kV)) sums_kernel(Args args, Plan p) {
+template <class T, int kVec, Layout kLayout, class Pass, class Args>
+__global__ void __launch_bounds__(kThreads, Pass::kBlocks) sums_kernel(Args args, Plan p) {
   using Acc = acc_type<T>;
   extern __shared__ unsigned char shared_bytes[];
   Pair<Acc>* lane_sums = reinterpret_cast<Pair<Acc>*>(shared_bytes);  // [threads * kVec]
@@ -703,12 +639,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<Pass>(kV)) sums_kernel(Ar
   const T* dy = nullptr;
   if constexpr (Pass::kReadsDy) dy = static_cast<const T*>(args.dy);
   pass.prepare(args, p, nullptr, w);
-  walk_packs<kV, Pass, false>(w, static_cast<const T*>(args.x), dy, [&](int64_t, const auto& xs, const auto& dys) {
+  walk_packs<Pass, false>(w, static_cast<const T*>(args.x), dy, [&](int64_t, const auto& xs, const auto& dys) {
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
       Acc d = Acc(0);
       if constexpr (Pass::kReadsDy) d = static_cast<Acc>(dys.value[l]);
-      pass.template visit<streams(kV)>(l, static_cast<Acc>(xs.value[l]), d, sums[l]);
+      pass.template visit<kVectorPath<kVec>>(l, static_cast<Acc>(xs.value[l]), d, sums[l]);
     }
   });
   // Per channel of the chunk, in a fixed order: NHWC adds the rows of each (pack, lane) (row r's
@@ -768,8 +704,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<Pass>(kV)) sums_kernel(Ar
 }
 
 // The output of Pass over the block's tile; blocks walk the tiles last-read-first.
-template <class T, int kVec, Layout kLayout, class Pass, class Args, Variant kV>
-__global__ void __launch_bounds__(kThreads, min_blocks<Pass>(kV)) apply_kernel(Args args, Plan p, T* out) {
+template <class T, int kVec, Layout kLayout, class Pass, class Args>
+__global__ void __launch_bounds__(kThreads, Pass::kBlocks) apply_kernel(Args args, Plan p, T* out) {
   using Acc = acc_type<T>;
   extern __shared__ unsigned char shared_bytes[];
   Pair<Acc>* slot_table = reinterpret_cast<Pair<Acc>*>(shared_bytes);  // [slots]
@@ -784,16 +720,15 @@ __global__ void __launch_bounds__(kThreads, min_blocks<Pass>(kV)) apply_kernel(A
   pass.prepare(args, p, slot_table, w);
   const T* dy = nullptr;
   if constexpr (Pass::kReadsDy) dy = static_cast<const T*>(args.dy);
-  constexpr bool kLast = streams(kV);
-  walk_packs<kV, Pass, true>(w, static_cast<const T*>(args.x), dy, [&](int64_t at, const auto& xs, const auto& dys) {
+  walk_packs<Pass, true>(w, static_cast<const T*>(args.x), dy, [&](int64_t at, const auto& xs, const auto& dys) {
     AlignedVector<T, kVec> o;
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
       Acc d = Acc(0);
       if constexpr (Pass::kReadsDy) d = static_cast<Acc>(dys.value[l]);
-      o.value[l] = static_cast<T>(pass.template value<kLast>(l, static_cast<Acc>(xs.value[l]), d));
+      o.value[l] = static_cast<T>(pass.template value<kVectorPath<kVec>>(l, static_cast<Acc>(xs.value[l]), d));
     }
-    store_pack<kLast, kVec>(out, at, o);
+    store_pack<kVec>(out, at, o);
   });
 }
 
@@ -834,11 +769,11 @@ Plan plan_for(const Shape& shape, int vec, const Cuda& device, int blocks_per_sm
   p.threads = cuda::whole_warps(p.cols * p.rows);
   // A chunk of W channels touches at most (W - 1) / per_group + 2 groups.
   p.slots = static_cast<int>(std::min<int64_t>(shape.groups, (p.chunk_width - 1) / p.per_group + 2));
-  // Splits of S: as many blocks as fit one wave, but each thread at least a forward unroll of packs.
+  // Splits of S: as many blocks as fit one wave, but each thread at least kMinSplitPacks packs.
   const int per_row = shape.layout == Layout::kNhwc ? p.rows : p.cols;
   const int64_t sms = cuda::sm_count(device.device);
   const int64_t wanted = sms * blocks_per_sm / (shape.samples * p.chunks);
-  const int64_t most = std::max<int64_t>(1, span / (static_cast<int64_t>(per_row) * kForwardSumsUnroll));
+  const int64_t most = std::max<int64_t>(1, span / (static_cast<int64_t>(per_row) * kMinSplitPacks));
   int64_t splits = std::min(wanted, most);
   if (max_splits > 0) {
     const int64_t fill = (sms + shape.samples * p.chunks - 1) / (shape.samples * p.chunks);
@@ -868,12 +803,11 @@ void run(const Cuda& device, const Args& args, T* out, std::initializer_list<con
   const int64_t max_splits = Sums<T, 1, Layout::kNhwc>::kChannelSums
                                  ? channel_sums_split_cap(shape, sizeof(T), sizeof(Acc))
                                  : 0;
-  const auto launch = [&](auto layout, auto width, auto which) {
+  const auto launch = [&](auto layout, auto width) {
     constexpr Layout kLayout = decltype(layout)::value;
     constexpr int kWidth = decltype(width)::value;
-    constexpr Variant kV = decltype(which)::value;
-    const auto sums = sums_kernel<T, kWidth, kLayout, Sums<T, kWidth, kLayout>, Args, kV>;
-    const auto apply = apply_kernel<T, kWidth, kLayout, Apply<T, kWidth>, Args, kV>;
+    const auto sums = sums_kernel<T, kWidth, kLayout, Sums<T, kWidth, kLayout>, Args>;
+    const auto apply = apply_kernel<T, kWidth, kLayout, Apply<T, kWidth>, Args>;
     const Plan any = plan_for(shape, kWidth, device, 1);  // the block shape: the same for every grid
     const size_t sums_shared = sizeof(Pair<Acc>) * (static_cast<size_t>(any.threads) * kWidth + any.chunk_width);
     const size_t apply_shared = sizeof(Pair<Acc>) * any.slots;
@@ -888,21 +822,10 @@ void run(const Cuda& device, const Args& args, T* out, std::initializer_list<con
                            dim3(any.threads), apply_shared, stream, args, apply_plan, out);
   };
   const auto with_layout = [&](auto layout) {
-    constexpr auto kVector = std::integral_constant<int, kVec>{};
-    if (vec != kVec) {
-      launch(layout, std::integral_constant<int, 1>{}, std::integral_constant<Variant, Variant::kDefault>{});
-    } else if (variant() == Variant::kPipe) {
-      launch(layout, kVector, std::integral_constant<Variant, Variant::kPipe>{});
-    } else if (variant() == Variant::kLean) {
-      launch(layout, kVector, std::integral_constant<Variant, Variant::kLean>{});
-    } else if (variant() == Variant::kStream) {
-      launch(layout, kVector, std::integral_constant<Variant, Variant::kStream>{});
-    } else if (variant() == Variant::kWide) {
-      launch(layout, kVector, std::integral_constant<Variant, Variant::kWide>{});
-    } else if (variant() == Variant::kNocheck) {
-      launch(layout, kVector, std::integral_constant<Variant, Variant::kNocheck>{});
+    if (vec == kVec) {
+      launch(layout, std::integral_constant<int, kVec>{});
     } else {
-      launch(layout, kVector, std::integral_constant<Variant, Variant::kDefault>{});
+      launch(layout, std::integral_constant<int, 1>{});
     }
   };
   if (shape.layout == Layout::kNhwc) {

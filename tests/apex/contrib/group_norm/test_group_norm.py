@@ -269,9 +269,9 @@ def test_launch_plans_on_gpu(shape, groups, memory_format, dtype):
 
 
 # The walk's lengths: packs a thread takes (0 to 17 in one split; NHWC 64 16-bit channels: blocks of 8
-# packs x 32 rows; NCHW: 32 lanes of 8-element packs) around the pipelined walk's batches of 1, 2, 4
-# and 8 packs (APEX_GN_VARIANT=pipe / lean / stream / wide / nocheck): fewer than a batch, one,
-# between one and two, two, one past; 15 to 17 for wide's batches of 8 and nocheck's whole batches.
+# packs x 32 rows; NCHW: 32 lanes of 8-element packs) around the vector path's pipelined batches (two
+# of 1 pack in the backward sums, of 2 in the backward apply, of 4 in the forward passes): fewer than
+# a batch, one, between one and two, two, one past; 15 to 17: several rounds of the pipeline.
 @pytest.mark.gpu
 @pytest.mark.parametrize("spatial,memory_format", [
     (2, torch.channels_last), (20, torch.channels_last), (100, torch.channels_last),
