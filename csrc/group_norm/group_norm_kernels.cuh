@@ -37,9 +37,13 @@
 #include "apex/block_reduce.cuh"
 #include "apex/cuda.cuh"
 #include "apex/dependent_launch.cuh"
+#include "apex/fast_exp2.cuh"
 #include "apex/occupancy.cuh"
 #include "group_norm.h"
 #include "group_norm_math.h"
+
+#include <cstring>
+#include <type_traits>
 
 namespace apex::group_norm {
 namespace {
@@ -56,21 +60,60 @@ constexpr int kNchwLanes = 32;
 constexpr int kFoldBatch = 8;
 // Threads an SM holds at most (Hopper, Ampere; bounds the workspace's partial sums).
 constexpr int kMaxThreadsPerSm = 2048;
-// Per pass: packs a thread loads (per input) before using any, and blocks of kThreads an SM must
-// hold (__launch_bounds__, so a register budget of 65536 / (kThreads x blocks)). Chosen together:
-// as many packs in flight as the budget holds without spilling (ptxas -v, sm_90, 16-bit data in
-// 16-byte packs). The apply passes also hold per-lane coefficients; the backward reads two inputs
-// and keeps four coefficients a lane.
-constexpr int kForwardSumsUnroll = 8, kForwardSumsBlocks = 2;
-constexpr int kForwardApplyUnroll = 6, kForwardApplyBlocks = 2;
-constexpr int kBackwardSumsUnroll = 2, kBackwardSumsBlocks = 2;
-constexpr int kBackwardApplyUnroll = 2, kBackwardApplyBlocks = 2;
+// Per pass, two paths (each pass's kUnroll and kBlocks pick by kVec):
+//   the 16-byte vector path (for_each_pack_pipelined): two batches of kUnroll packs in registers a
+//     thread, the next batch's loads in flight while the current one is used; packs held as 32-bit
+//     words (Held). Each batch as large as fits the pass's register budget without spilling (ptxas
+//     -v, sm_90, 16-bit data: 80-96 registers). The forward sums take a budget of 3 blocks of
+//     kThreads (80 registers): 5 blocks of the benchmark's 160 threads an SM where 2 blocks (128
+//     registers) gave 3; the other passes spill at 80. H200, 16x320x64x64 bf16 NHWC: 1763 -> 1830
+//     GB/s forward with the pipelined walk and this budget (session 30);
+//   the width-1 path (for_each_pack: unaligned data, or C / S not a multiple of the vector): kUnroll
+//     packs loaded, then all used, then the next kUnroll, at 2 blocks of kThreads (128 registers).
+constexpr int kForwardSumsVectorUnroll = 4, kForwardSumsVectorBlocks = 3;
+constexpr int kForwardApplyVectorUnroll = 4, kForwardApplyVectorBlocks = 2;
+constexpr int kBackwardSumsVectorUnroll = 1, kBackwardSumsVectorBlocks = 2;
+constexpr int kBackwardApplyVectorUnroll = 2, kBackwardApplyVectorBlocks = 2;
+constexpr int kForwardSumsScalarUnroll = 8, kForwardApplyScalarUnroll = 6;
+constexpr int kBackwardSumsScalarUnroll = 2, kBackwardApplyScalarUnroll = 2;
+constexpr int kScalarBlocks = 2;
+// Packs a thread takes at least in a split of the spatial axis (plan_for): two of the vector path's
+// forward-sums batches, one of the width-1 path's.
+constexpr int kMinSplitPacks = 8;
 // The backward's per-channel sums (written by the sums pass, read by the apply pass) are kept
 // under 1/kChannelSumsShare of x's bytes by capping its splits, unless that leaves SMs idle.
 constexpr int kChannelSumsShare = 16;
 // grad_weight / grad_bias fold: channels a warp takes at once (8 x 8-byte pairs: 64 contiguous
 // bytes a load); its other lanes split the terms.
 constexpr int kParamChannelLanes = 8;
+
+// Which path a pack width takes: the 16-byte vector path, or the width-1 path.
+template <int kVec>
+constexpr bool kVectorPath = kVec > 1;
+
+// The SiLU's sigmoid. kFast (the vector path, float accumulators: 16-bit and float32 data):
+// apex/fast_exp2.cuh's ex2.approx.ftz + rcp.approx.ftz, two MUFU instructions where expf and an IEEE
+// division take ~25 with a slow-path branch. Else (double, and the width-1 path, which was not
+// measured with it) group_norm_math.h's, as the CPU path.
+template <bool kFast, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE Acc sigmoid_for(Acc z) {
+  if constexpr (kFast && std::is_same_v<Acc, float>) {
+    return fast_sigmoid(z);
+  } else {
+    return sigmoid(z);
+  }
+}
+
+template <bool kFast, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE Acc activate_for(Acc z, bool silu) {
+  return silu ? z * sigmoid_for<kFast>(z) : z;
+}
+
+template <bool kFast, class Acc>
+C10_DEVICE C10_ALWAYS_INLINE Acc slope_for(Acc z) {
+  const Acc s = sigmoid_for<kFast>(z);
+  return s * (Acc(1) + z * (Acc(1) - s));
+}
 
 // What a launch covers. Blocks are numbered sample-major: block b is sample b / blocks_per_sample,
 // split (b % blocks_per_sample) / chunks, chunk (b % blocks_per_sample) % chunks.
@@ -201,8 +244,8 @@ struct ForwardSums {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = false;
   static constexpr bool kChannelSums = false;
-  static constexpr int kUnroll = kForwardSumsUnroll;
-  static constexpr int kMinBlocks = kForwardSumsBlocks;
+  static constexpr int kUnroll = kVectorPath<kVec> ? kForwardSumsVectorUnroll : kForwardSumsScalarUnroll;
+  static constexpr int kBlocks = kVectorPath<kVec> ? kForwardSumsVectorBlocks : kScalarBlocks;
   Acc shift[kVec];
 
   C10_DEVICE void prepare(const ForwardArgs& args, const Plan& p, const Pair<Acc>*, const Walk<kVec>& w) {
@@ -214,6 +257,7 @@ struct ForwardSums {
     }
   }
 
+  template <bool>
   C10_DEVICE C10_ALWAYS_INLINE void visit(int l, Acc x, Acc, Pair<Acc>& sum) const {
     const Acc d = x - shift[l];
     sum.a += d;
@@ -229,8 +273,8 @@ struct BackwardSums {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = true;
   static constexpr bool kChannelSums = true;
-  static constexpr int kUnroll = kBackwardSumsUnroll;
-  static constexpr int kMinBlocks = kBackwardSumsBlocks;
+  static constexpr int kUnroll = kVectorPath<kVec> ? kBackwardSumsVectorUnroll : kBackwardSumsScalarUnroll;
+  static constexpr int kBlocks = kVectorPath<kVec> ? kBackwardSumsVectorBlocks : kScalarBlocks;
   Acc scale[kVec], offset[kVec];  // xhat = scale x + offset
   Acc weight[kVec], bias[kVec];   // z = weight xhat + bias (SiLU only)
   bool silu;
@@ -248,9 +292,10 @@ struct BackwardSums {
     }
   }
 
+  template <bool kFast>
   C10_DEVICE C10_ALWAYS_INLINE void visit(int l, Acc x, Acc dy, Pair<Acc>& sum) const {
     const Acc xhat = x * scale[l] + offset[l];
-    const Acc dz = silu ? dy * activation_slope(xhat * weight[l] + bias[l], true) : dy;
+    const Acc dz = silu ? dy * slope_for<kFast>(xhat * weight[l] + bias[l]) : dy;
     sum.a += dz;
     sum.b += dz * xhat;
   }
@@ -265,8 +310,8 @@ template <class T, int kVec>
 struct ForwardApply {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = false;
-  static constexpr int kUnroll = kForwardApplyUnroll;
-  static constexpr int kMinBlocks = kForwardApplyBlocks;
+  static constexpr int kUnroll = kVectorPath<kVec> ? kForwardApplyVectorUnroll : kForwardApplyScalarUnroll;
+  static constexpr int kBlocks = kVectorPath<kVec> ? kForwardApplyVectorBlocks : kScalarBlocks;
   Acc a[kVec], b[kVec];
   bool silu;
 
@@ -283,7 +328,8 @@ struct ForwardApply {
     }
   }
 
-  C10_DEVICE C10_ALWAYS_INLINE Acc value(int l, Acc x, Acc) const { return activate(x * a[l] + b[l], silu); }
+  template <bool kFast>
+  C10_DEVICE C10_ALWAYS_INLINE Acc value(int l, Acc x, Acc) const { return activate_for<kFast>(x * a[l] + b[l], silu); }
 };
 
 // Backward output: dx = a dz + B x + D, dz = dy act'(a x + b); slot_table holds the groups' (B, D).
@@ -291,8 +337,8 @@ template <class T, int kVec>
 struct BackwardApply {
   using Acc = acc_type<T>;
   static constexpr bool kReadsDy = true;
-  static constexpr int kUnroll = kBackwardApplyUnroll;
-  static constexpr int kMinBlocks = kBackwardApplyBlocks;
+  static constexpr int kUnroll = kVectorPath<kVec> ? kBackwardApplyVectorUnroll : kBackwardApplyScalarUnroll;
+  static constexpr int kBlocks = kVectorPath<kVec> ? kBackwardApplyVectorBlocks : kScalarBlocks;
   Acc a[kVec], b[kVec], B[kVec], D[kVec];
   bool silu;
 
@@ -312,15 +358,17 @@ struct BackwardApply {
     }
   }
 
+  template <bool kFast>
   C10_DEVICE C10_ALWAYS_INLINE Acc value(int l, Acc x, Acc dy) const {
-    const Acc dz = silu ? dy * activation_slope(x * a[l] + b[l], true) : dy;
+    const Acc dz = silu ? dy * slope_for<kFast>(x * a[l] + b[l]) : dy;
     return a[l] * dz + B[l] * x + D[l];
   }
 };
 
 // ---- the walk ------------------------------------------------------------------------------------
 
-// Calls f(j, x pack, dy pack) for each of the thread's packs, kUnroll packs' loads ahead.
+// The width-1 path's walk: calls f(element offset, x pack, dy pack) for each of the thread's packs,
+// kUnroll packs' loads ahead (all loaded, then all used).
 template <class T, int kVec, int kUnroll, bool kReadsDy, class F>
 C10_DEVICE C10_ALWAYS_INLINE void for_each_pack(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
   using Pack = AlignedVector<T, kVec>;
@@ -336,8 +384,102 @@ C10_DEVICE C10_ALWAYS_INLINE void for_each_pack(const Walk<kVec>& w, const T* x,
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (j + u < w.count) f(j + u, xs[u], dys[u]);
+      if (j + u < w.count) f(w.first + (j + u) * w.stride, xs[u], dys[u]);
     }
+  }
+}
+
+// A pipelined batch holds 16-byte packs as four 32-bit words, turned into T only where they are used:
+// held as AlignedVector<c10::BFloat16, 8>, nvcc moved each element into a register of its own right
+// after the load (8 registers a pack, not 4), which spilled the bf16 kernels.
+template <class Pack>
+using Held = std::conditional_t<sizeof(Pack) == 16, uint4, Pack>;
+
+// A pack, evict-first (ld.global.cs) where it is read for the last time (kLast: the apply passes),
+// so that it does not push out of L2 the tiles the apply pass still has to re-read.
+template <bool kLast, class Pack, class T>
+C10_DEVICE C10_ALWAYS_INLINE Held<Pack> load_held(const T* base, int64_t offset) {
+  const Held<Pack>* at = reinterpret_cast<const Held<Pack>*>(base + offset);
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  if constexpr (kLast && sizeof(Pack) == 16) return __ldcs(at);
+#endif
+  return *at;
+}
+
+template <class Pack>
+C10_DEVICE C10_ALWAYS_INLINE Pack unheld(const Held<Pack>& held) {
+  Pack pack;
+  memcpy(&pack, &held, sizeof(pack));
+  return pack;
+}
+
+// The output pack: on the vector path evict-first (st.global.cs, one 16-byte store as
+// store_vector's), since nothing here reads it again and in L2 it would evict x's tiles that the
+// apply pass still re-reads (the sums pass left them there); else store_vector. These hints and the
+// fast sigmoid (sigmoid_for) took 16x320x64x64 bf16 NHWC on an H200 from 1830 to 2008 GB/s forward
+// and 1673 to 1788 GB/s forward + backward (session 30).
+template <int kVec, class T>
+C10_DEVICE C10_ALWAYS_INLINE void store_pack(T* base, int64_t offset, const AlignedVector<T, kVec>& pack) {
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  if constexpr (sizeof(pack) == 16) {
+    uint4 bits;
+    memcpy(&bits, &pack, sizeof(bits));
+    __stcs(reinterpret_cast<uint4*>(base + offset), bits);
+    return;
+  }
+#endif
+  store_vector<kVec>(base, offset, pack);
+}
+
+// The vector path's walk: for_each_pack's calls, software-pipelined. Two batches of kUnroll packs in
+// registers, the loads of one issued before the other is used, so the thread never waits with no
+// load in flight (load-all-then-use-all leaves DRAM idle while it adds: that walk's forward sums
+// stalled on long_scoreboard 46% of the time, at 49% of DRAM bandwidth). Offsets step by the stride
+// from the walk's first. (Loading and using a batch the thread has whole without a check per pack
+// saved ~4 of ~49 SASS instructions a bf16 pack and measured no faster on an H200: session 30.)
+template <class T, int kVec, int kUnroll, bool kReadsDy, bool kLast, class F>
+C10_DEVICE C10_ALWAYS_INLINE void for_each_pack_pipelined(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
+  using Pack = AlignedVector<T, kVec>;
+  struct Batch {
+    Held<Pack> xs[kUnroll], dys[kUnroll];
+  };
+  const int64_t batch_stride = kUnroll * w.stride;
+  const auto load = [&](Batch& b, int j, int64_t at) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j + u < w.count) {
+        b.xs[u] = load_held<kLast, Pack>(x, at);
+        if constexpr (kReadsDy) b.dys[u] = load_held<kLast, Pack>(dy, at);
+      }
+      at += w.stride;
+    }
+  };
+  const auto use = [&](const Batch& b, int j, int64_t at) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j + u < w.count) f(at, unheld<Pack>(b.xs[u]), unheld<Pack>(b.dys[u]));
+      at += w.stride;
+    }
+  };
+  Batch even, odd;
+  int64_t at = w.first;
+  load(even, 0, at);
+  for (int j = 0; j < w.count; j += 2 * kUnroll, at += 2 * batch_stride) {
+    load(odd, j + kUnroll, at + batch_stride);
+    use(even, j, at);
+    if (j + kUnroll >= w.count) break;
+    load(even, j + 2 * kUnroll, at + 2 * batch_stride);
+    use(odd, j + kUnroll, at + batch_stride);
+  }
+}
+
+// The thread's packs for Pass, by its path's walk (kLast: the data's last read, see load_held).
+template <class Pass, bool kLast, class T, int kVec, class F>
+C10_DEVICE C10_ALWAYS_INLINE void walk_packs(const Walk<kVec>& w, const T* x, const T* dy, F&& f) {
+  if constexpr (kVectorPath<kVec>) {
+    for_each_pack_pipelined<T, kVec, Pass::kUnroll, Pass::kReadsDy, kLast>(w, x, dy, f);
+  } else {
+    for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, x, dy, f);
   }
 }
 
@@ -482,7 +624,7 @@ C10_DEVICE void group_coefficients(const BackwardArgs& args, const Plan& p, cons
 
 // The block's sums per group its chunk touches (and, for the backward, per channel).
 template <class T, int kVec, Layout kLayout, class Pass, class Args>
-__global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) sums_kernel(Args args, Plan p) {
+__global__ void __launch_bounds__(kThreads, Pass::kBlocks) sums_kernel(Args args, Plan p) {
   using Acc = acc_type<T>;
   extern __shared__ unsigned char shared_bytes[];
   Pair<Acc>* lane_sums = reinterpret_cast<Pair<Acc>*>(shared_bytes);  // [threads * kVec]
@@ -497,12 +639,12 @@ __global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) sums_kernel(Args a
   const T* dy = nullptr;
   if constexpr (Pass::kReadsDy) dy = static_cast<const T*>(args.dy);
   pass.prepare(args, p, nullptr, w);
-  for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, static_cast<const T*>(args.x), dy, [&](int, const auto& xs, const auto& dys) {
+  walk_packs<Pass, false>(w, static_cast<const T*>(args.x), dy, [&](int64_t, const auto& xs, const auto& dys) {
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
       Acc d = Acc(0);
       if constexpr (Pass::kReadsDy) d = static_cast<Acc>(dys.value[l]);
-      pass.visit(l, static_cast<Acc>(xs.value[l]), d, sums[l]);
+      pass.template visit<kVectorPath<kVec>>(l, static_cast<Acc>(xs.value[l]), d, sums[l]);
     }
   });
   // Per channel of the chunk, in a fixed order: NHWC adds the rows of each (pack, lane) (row r's
@@ -563,7 +705,7 @@ __global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) sums_kernel(Args a
 
 // The output of Pass over the block's tile; blocks walk the tiles last-read-first.
 template <class T, int kVec, Layout kLayout, class Pass, class Args>
-__global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) apply_kernel(Args args, Plan p, T* out) {
+__global__ void __launch_bounds__(kThreads, Pass::kBlocks) apply_kernel(Args args, Plan p, T* out) {
   using Acc = acc_type<T>;
   extern __shared__ unsigned char shared_bytes[];
   Pair<Acc>* slot_table = reinterpret_cast<Pair<Acc>*>(shared_bytes);  // [slots]
@@ -578,15 +720,15 @@ __global__ void __launch_bounds__(kThreads, Pass::kMinBlocks) apply_kernel(Args 
   pass.prepare(args, p, slot_table, w);
   const T* dy = nullptr;
   if constexpr (Pass::kReadsDy) dy = static_cast<const T*>(args.dy);
-  for_each_pack<T, kVec, Pass::kUnroll, Pass::kReadsDy>(w, static_cast<const T*>(args.x), dy, [&](int j, const auto& xs, const auto& dys) {
+  walk_packs<Pass, true>(w, static_cast<const T*>(args.x), dy, [&](int64_t at, const auto& xs, const auto& dys) {
     AlignedVector<T, kVec> o;
 #pragma unroll
     for (int l = 0; l < kVec; ++l) {
       Acc d = Acc(0);
       if constexpr (Pass::kReadsDy) d = static_cast<Acc>(dys.value[l]);
-      o.value[l] = static_cast<T>(pass.value(l, static_cast<Acc>(xs.value[l]), d));
+      o.value[l] = static_cast<T>(pass.template value<kVectorPath<kVec>>(l, static_cast<Acc>(xs.value[l]), d));
     }
-    store_vector<kVec>(out, w.first + j * w.stride, o);
+    store_pack<kVec>(out, at, o);
   });
 }
 
@@ -627,11 +769,11 @@ Plan plan_for(const Shape& shape, int vec, const Cuda& device, int blocks_per_sm
   p.threads = cuda::whole_warps(p.cols * p.rows);
   // A chunk of W channels touches at most (W - 1) / per_group + 2 groups.
   p.slots = static_cast<int>(std::min<int64_t>(shape.groups, (p.chunk_width - 1) / p.per_group + 2));
-  // Splits of S: as many blocks as fit one wave, but each thread at least a forward unroll of packs.
+  // Splits of S: as many blocks as fit one wave, but each thread at least kMinSplitPacks packs.
   const int per_row = shape.layout == Layout::kNhwc ? p.rows : p.cols;
   const int64_t sms = cuda::sm_count(device.device);
   const int64_t wanted = sms * blocks_per_sm / (shape.samples * p.chunks);
-  const int64_t most = std::max<int64_t>(1, span / (static_cast<int64_t>(per_row) * kForwardSumsUnroll));
+  const int64_t most = std::max<int64_t>(1, span / (static_cast<int64_t>(per_row) * kMinSplitPacks));
   int64_t splits = std::min(wanted, most);
   if (max_splits > 0) {
     const int64_t fill = (sms + shape.samples * p.chunks - 1) / (shape.samples * p.chunks);

@@ -268,6 +268,26 @@ def test_launch_plans_on_gpu(shape, groups, memory_format, dtype):
     check(x, groups)
 
 
+# The walk's lengths: packs a thread takes (0 to 17 in one split; NHWC 64 16-bit channels: blocks of 8
+# packs x 32 rows; NCHW: 32 lanes of 8-element packs) around the vector path's pipelined batches (two
+# of 1 pack in the backward sums, of 2 in the backward apply, of 4 in the forward passes): fewer than
+# a batch, one, between one and two, two, one past; 15 to 17: several rounds of the pipeline.
+@pytest.mark.gpu
+@pytest.mark.parametrize("spatial,memory_format", [
+    (2, torch.channels_last), (20, torch.channels_last), (100, torch.channels_last),
+    (128, torch.channels_last), (160, torch.channels_last), (200, torch.channels_last),
+    (256, torch.channels_last), (288, torch.channels_last), (480, torch.channels_last),
+    (512, torch.channels_last), (544, torch.channels_last),
+    (8, torch.contiguous_format), (320, torch.contiguous_format), (800, torch.contiguous_format),
+    (1040, torch.contiguous_format), (2048, torch.contiguous_format), (2080, torch.contiguous_format),
+    (3840, torch.contiguous_format), (4096, torch.contiguous_format), (4352, torch.contiguous_format),
+])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_thread_walk_lengths_on_gpu(spatial, memory_format, dtype):
+    x, weight, bias = make((2, 64, spatial, 1), dtype, "cuda", memory_format, param_dtype=torch.float32)
+    check(x, 8, weight, bias, act="silu")
+
+
 # More than 2^31 elements: element offsets are 64-bit (forward; statistics against torch's, and the
 # output of the last group).
 @pytest.mark.gpu
