@@ -153,6 +153,7 @@ struct RowSlice {
 template <typename T, typename W, int ITEMS, bool RMS, bool MEMORY_EFFICIENT, bool PREFETCH>
 __global__ void APEX_LN_MAX_REGISTERS((backward_registers<T, W, ITEMS, MEMORY_EFFICIENT, PREFETCH>()))
     backward_in_registers(BackwardParams<T, W> p) {
+  dependent_kernel_start();
   using A = Acc<T>;
   using Slice = RowSlice<T, W, ITEMS>;
   constexpr int V = Slice::V;
@@ -464,6 +465,7 @@ inline int64_t fused_region_chunks(int items, int threads_per_row) {
 template <typename T, typename W, int ITEMS, bool RMS, bool PREFETCH, bool ROW_BARRIERS = false>
 __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>()))
     backward_fused(BackwardParams<T, W> p) {
+  dependent_kernel_start();
   static_assert(std::is_same_v<Acc<T>, float>, "16-bit and float32 data");
   using Slice = RowSlice<T, W, ITEMS>;
   constexpr int V = Slice::V;
@@ -797,6 +799,7 @@ constexpr int kSumUnroll = 4;
 // (dgamma, then dbeta when both are wanted), all in one launch.
 template <typename A, typename W>
 __global__ void sum_partial_rows(const A* parts, int64_t num_parts, int cols, W* out0, W* out1) {
+  dependent_kernel_start();
   const int c = blockIdx.x * kFoldColumns + threadIdx.x;
   const A* column_parts = parts + blockIdx.y * num_parts * cols + c;
   A totals[kSumUnroll] = {};
@@ -875,9 +878,15 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
       // (threads.y row slots).
       const auto launch = [&](auto kernel, size_t shared, dim3 threads) {
         const int64_t row_blocks = (a.rows + threads.y - 1) / threads.y;
-        const int64_t blocks = std::min<int64_t>(row_blocks, int64_t(resident(kernel, threads, shared)) * limits.sms);
+        int64_t blocks = std::min<int64_t>(row_blocks, int64_t(resident(kernel, threads, shared)) * limits.sms);
+        if (variant("balanced")) {
+          // As many rounds of rows as before, each as full as the last: fewer blocks where the last
+          // round would be part-empty (and fewer partial rows).
+          const int64_t rounds = (row_blocks + blocks - 1) / blocks;
+          blocks = (row_blocks + rounds - 1) / rounds;
+        }
         allocate_parts(blocks);
-        kernel<<<blocks, threads, shared, stream>>>(p);
+        launch_kernel(device, kernel, dim3(static_cast<unsigned>(blocks)), threads, shared, stream, p);
       };
       // What a launch may ask for beyond the dynamic shared memory: the kernels' static scratch.
       const auto fits = [&](size_t shared) { return shared + 1024 <= limits.shared_per_block_optin; };
@@ -953,8 +962,8 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
     W* second = accumulators == 2 ? static_cast<W*>(a.grad_bias) : nullptr;
     const dim3 grid((a.cols + kFoldColumns - 1) / kFoldColumns, accumulators);
     const A* parts = want_dgamma ? p.dgamma_parts : p.dbeta_parts;
-    sum_partial_rows<A, W><<<grid, dim3(kFoldColumns, kFoldRows), 0, stream>>>(parts, num_parts,
-                                                                              static_cast<int>(a.cols), first, second);
+    launch_kernel(device, sum_partial_rows<A, W>, grid, dim3(kFoldColumns, kFoldRows), 0, stream, parts, num_parts,
+                  static_cast<int>(a.cols), first, second);
   }
   cuda::check_launch(a.rms ? "rms_norm_bwd" : "layer_norm_bwd");
 }

@@ -291,9 +291,11 @@ constexpr int kVectorizedOverhead = 24;
 // 256-thread blocks resident as slice + kVectorizedOverhead would (64 at 4 bf16 vectors per
 // thread: 4 blocks per SM either way). Without a cap ptxas hoists the gamma/beta loads of later
 // vectors and holds them (~96 registers at 4 bf16 vectors), which halves the resident blocks.
-template <typename T, int ITEMS>
+// PACKED (the packed variant, 16-bit T): the slice stays as loaded, two elements a register.
+template <typename T, int ITEMS, bool PACKED>
 constexpr int vectorized_registers() {
-  constexpr int kSlice = ITEMS * vector_width<T>();  // the row slice, in float registers
+  // the row slice: in float registers, or as loaded
+  constexpr int kSlice = PACKED ? ITEMS * vector_width<T>() * int(sizeof(T)) / 4 : ITEMS * vector_width<T>();
   constexpr int kNeeded = (kSlice + kVectorizedOverhead + kRegisterStep - 1) / kRegisterStep * kRegisterStep;
   constexpr int kByRegisters = kSmRegisters / (kNeeded * kBlockThreads);
   constexpr int kBlocks = kByRegisters < kSmThreads / kBlockThreads ? kByRegisters : kSmThreads / kBlockThreads;
@@ -308,10 +310,15 @@ constexpr int vectorized_registers() {
 // [w * ITEMS, (w + 1) * ITEMS), lane l vector l of each. A thread's columns are then fixed offsets
 // from one pointer: x, y, gamma and beta need one address per row and immediate offsets.
 // gamma/beta are loaded from global memory for every row (L1/L2 hits after the first rows).
-template <typename T, typename W, int ITEMS, bool RMS>
-__global__ void APEX_LN_FWD_MAX_REGISTERS((vectorized_registers<T, ITEMS>()))
+// PACKED (variant "packed"): x stays in the words it was loaded as and is widened again at each of
+// the three passes (one more instruction per element and pass after the first, ~14 instead of ~12 per
+// bf16 element), for half the slice's registers: more warps, so more rows' loads in flight, per SM.
+template <typename T, typename W, int ITEMS, bool RMS, bool PACKED>
+__global__ void APEX_LN_FWD_MAX_REGISTERS((vectorized_registers<T, ITEMS, PACKED>()))
     forward_vectorized(ForwardParams<T, W> p) {
   static_assert(std::is_same_v<Acc<T>, float>, "float statistics");
+  static_assert(!PACKED || sizeof(T) == 2, "packed 16-bit rows only");
+  dependent_kernel_start();
   constexpr int V = vector_width<T>();
   constexpr int kChunk = kWarp * V;  // elements between a thread's consecutive vectors
   // For 16-bit data the normalization is one FFMA, x * invvar + (-mean * invvar). Rounding
@@ -327,32 +334,52 @@ __global__ void APEX_LN_FWD_MAX_REGISTERS((vectorized_registers<T, ITEMS>()))
   const int64_t offset = row * p.cols + first;  // the thread's first element, in x and y alike
   const T* x = p.x + offset;
 
-  // x as floats, and its sum (LayerNorm) or sum of squares (RMSNorm).
+  // x as floats (or, PACKED, as loaded), and its sum (LayerNorm) or sum of squares (RMSNorm).
   float v[ITEMS][V];
+  Words<T, V> packed[ITEMS] = {};  // PACKED only; zeros past the row end (never used, but defined)
+  const auto value = [&](int k, int j) {
+    if constexpr (PACKED) return packed[k].get(j);
+    return v[k][j];
+  };
+  // PACKED: hides the words from the optimizer, so that the next pass widens them again instead of
+  // keeping this pass's floats live across the row reduction (no instruction).
+  const auto unpack_again_after_this = [&] {
+    if constexpr (PACKED) {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+#pragma unroll
+        for (int i = 0; i < Words<T, V>::kCount; ++i) asm volatile("" : "+r"(packed[k].w[i]));
+      }
+    }
+  };
   float sum = 0.f, squares = 0.f;
   for_items<ITEMS>(n, [&](int k) {
     Words<T, V> words;
     words.load(x + k * kChunk);
+    if constexpr (PACKED) packed[k] = words;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      v[k][j] = words.get(j);
+      const float e = words.get(j);
+      if constexpr (!PACKED) v[k][j] = e;
       if constexpr (RMS) {
-        squares = fmaf(v[k][j], v[k][j], squares);
+        squares = fmaf(e, e, squares);
       } else {
-        sum += v[k][j];
+        sum += e;
       }
     }
   });
+  unpack_again_after_this();
   float mean = 0.f;
   if constexpr (!RMS) {
     mean = row_total(sum, 0) * p.inv_cols;
     for_items<ITEMS>(n, [&](int k) {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float d = v[k][j] - mean;
+        const float d = value(k, j) - mean;
         squares = fmaf(d, d, squares);
       }
     });
+    unpack_again_after_this();
   }
   // One reduction per buffer: the block's rows end with the kernel, so nothing reuses them.
   const float invvar = rsqrtf(row_total(squares, 1) * p.inv_cols + p.eps);
@@ -383,7 +410,7 @@ __global__ void APEX_LN_FWD_MAX_REGISTERS((vectorized_registers<T, ITEMS>()))
         float r[kPiece];
 #pragma unroll
         for (int j = 0; j < kPiece; ++j) {
-          r[j] = normalized(v[k][s + j]);
+          r[j] = normalized(value(k, s + j));
           if constexpr (has_gamma && has_beta) {
             r[j] = fmaf(r[j], g.get(j), b.get(j));
           } else if constexpr (has_gamma) {
@@ -450,7 +477,11 @@ void forward_typed(const Cuda& device, const ForwardArgs& a) {
       dispatch_items(shape.items, [&](auto items) {
         constexpr int kItems = decltype(items)::value;
         if (whole_warps) {
-          forward_vectorized<T, W, kItems, kRms><<<blocks, block, 0, stream>>>(p);
+          auto kernel = forward_vectorized<T, W, kItems, kRms, false>;
+          if constexpr (sizeof(T) == 2) {
+            if (variant("packed")) kernel = forward_vectorized<T, W, kItems, kRms, true>;
+          }
+          launch_kernel(device, kernel, dim3(static_cast<unsigned>(blocks)), block, 0, stream, p);
         } else {
           forward_in_registers<T, W, kItems, kRms><<<blocks, block, 0, stream>>>(p);
         }
