@@ -878,13 +878,7 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
       // (threads.y row slots).
       const auto launch = [&](auto kernel, size_t shared, dim3 threads) {
         const int64_t row_blocks = (a.rows + threads.y - 1) / threads.y;
-        int64_t blocks = std::min<int64_t>(row_blocks, int64_t(resident(kernel, threads, shared)) * limits.sms);
-        if (variant("balanced")) {
-          // As many rounds of rows as before, each as full as the last: fewer blocks where the last
-          // round would be part-empty (and fewer partial rows).
-          const int64_t rounds = (row_blocks + blocks - 1) / blocks;
-          blocks = (row_blocks + rounds - 1) / rounds;
-        }
+        const int64_t blocks = std::min<int64_t>(row_blocks, int64_t(resident(kernel, threads, shared)) * limits.sms);
         allocate_parts(blocks);
         launch_kernel(device, kernel, dim3(static_cast<unsigned>(blocks)), threads, shared, stream, p);
       };

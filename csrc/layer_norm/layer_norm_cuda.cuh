@@ -15,42 +15,32 @@
 namespace apex::layer_norm {
 
 // A/B switch (gpu_ab/ln/README.md; the one place to remove once the H200 A/B has decided):
-// APEX_LN_VARIANT, read once per process, a comma-separated list of
-//   pdl       forward_vectorized, the register-resident backwards and sum_partial_rows start as
-//             programmatic dependent launches (their blocks take SMs as the previous kernel's retire);
-//   balanced  the persistent backward grid is sized so that its last round of rows is as full as the
-//             others (4096 rows on 132 SMs: 128 blocks of 32 rows, not 4 blocks doing a 32nd row alone);
-//   packed    forward_vectorized keeps 16-bit rows as loaded (two elements a register) and unpacks them
-//             at each pass: 40 registers instead of 64 at 4 vectors a thread, 48 warps an SM, not 32.
-inline bool variant(const char* name) {
-  static const char* const chosen = [] {
+// APEX_LN_VARIANT=packed, read once per process: forward_vectorized keeps 16-bit rows as loaded (two
+// elements a register) and unpacks them at each pass: 40 registers instead of 64 at 4 vectors a
+// thread, 48 warps an SM, not 32.
+inline bool packed_forward() {
+  static const bool packed = [] {
     const char* v = std::getenv("APEX_LN_VARIANT");
-    return v ? v : "";
+    return v != nullptr && std::strcmp(v, "packed") == 0;
   }();
-  const size_t length = std::strlen(name);
-  for (const char* at = chosen; (at = std::strstr(at, name)) != nullptr; at += length) {
-    const bool starts = at == chosen || at[-1] == ',';
-    const bool ends = at[length] == '\0' || at[length] == ',';
-    if (starts && ends) return true;
-  }
-  return false;
+  return packed;
 }
 
-// kernel<<<grid, threads, shared, stream>>>(args...), or a dependent launch under the pdl variant
-// (the kernel waits for its prerequisite grid before touching memory).
+// The forward, the register-resident backwards and sum_partial_rows start as programmatic dependent
+// launches: their blocks take SMs as the previous kernel's retire, instead of after a launch gap and a
+// ramp. On an H200 (session 30, bf16, against ordinary launches) the forward gained most at 32768x1024,
+// ~37 us a call, where the gap weighs most (LayerNorm 3671 -> 3823 GB/s, RMSNorm 3716 -> 3872) and
+// 1-3% at the other shapes; fwd+bwd moved -2% to +2% (benchmarks/normalization/NOTES.md). Each kernel
+// waits for its prerequisite grid before touching memory (dependent_kernel_start).
 template <class... Params, class... Args>
 void launch_kernel(const Cuda& device, void (*kernel)(Params...), dim3 grid, dim3 threads, size_t shared,
                    cudaStream_t stream, Args&&... args) {
-  if (variant("pdl")) {
-    cuda::launch_dependent(device, kernel, grid, threads, shared, stream, std::forward<Args>(args)...);
-  } else {
-    kernel<<<grid, threads, shared, stream>>>(std::forward<Args>(args)...);
-  }
+  cuda::launch_dependent(device, kernel, grid, threads, shared, stream, std::forward<Args>(args)...);
 }
 
 // First statement of a kernel that launch_kernel starts: nothing before it touches global memory (the
-// previous kernel may still be running under pdl), and the next kernel's blocks may start as this
-// kernel's retire. Both are no-ops in an ordinary launch.
+// previous kernel may still be running), and the next kernel's blocks may start as this kernel's
+// retire. Both are no-ops in an ordinary launch.
 __device__ __forceinline__ void dependent_kernel_start() {
   cuda::wait_for_prerequisite_grid();
   cuda::allow_dependent_launch();

@@ -479,7 +479,7 @@ void forward_typed(const Cuda& device, const ForwardArgs& a) {
         if (whole_warps) {
           auto kernel = forward_vectorized<T, W, kItems, kRms, false>;
           if constexpr (sizeof(T) == 2) {
-            if (variant("packed")) kernel = forward_vectorized<T, W, kItems, kRms, true>;
+            if (packed_forward()) kernel = forward_vectorized<T, W, kItems, kRms, true>;
           }
           launch_kernel(device, kernel, dim3(static_cast<unsigned>(blocks)), block, 0, stream, p);
         } else {

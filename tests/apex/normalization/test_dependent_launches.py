@@ -1,15 +1,8 @@
-"""The APEX_LN_VARIANT candidates (csrc/layer_norm/layer_norm_cuda.cuh, `variant`) at their new edges.
-The switch is read once per process, so this file checks whichever variant the process runs under
-(gpu_ab/ln/gpu_check.sh runs it under each); under the default it checks the same cases on the default
-kernels.
-
-- pdl (dependent launches): kernels that read what the kernel just before them wrote (forward of a
-  forward's output, backward_fused -> sum_partial_rows -> the previous norm's backward), eager and
-  replayed from a CUDA graph with new inputs copied in; a read before the wait would see stale data.
-- balanced (persistent backward grid sized to fill its last round): row counts just past a whole
-  round of the default grid (132 SMs on an H200), where the balanced grid has fewer blocks.
-- packed (forward rows kept as loaded): test_forward_many_rows_cuda.py under the variant (one warp,
-  several warps, ragged 1000 / 5120, 8 vectors a thread, rows far from 0), and the chain below.
+"""The dependent launches (launch_kernel in csrc/layer_norm/layer_norm_cuda.cuh): the forward, the
+register-resident backwards and sum_partial_rows start while the kernel before them retires, and wait
+for it before touching memory. Kernels that read what the kernel just before them wrote (forward of a
+forward's output, backward_fused -> sum_partial_rows -> the previous norm's backward), eager and
+replayed from a CUDA graph with new inputs copied in; a read before the wait would see stale data.
 """
 import pytest
 import torch
@@ -17,7 +10,6 @@ import torch.nn.functional as F
 
 from apex.normalization import FusedLayerNorm, FusedRMSNorm
 from norm_reference import assert_close_rel
-from test_backward_kernels import check_backward, run_backward, statistics
 
 pytestmark = pytest.mark.gpu
 
@@ -86,33 +78,3 @@ def test_dependent_chain(rms, cols):
         graph.replay()
         torch.cuda.synchronize()
         check([t.clone() for t in static_out], new_x, new_dy)
-
-
-# (rows, cols) one row past a whole round of the default grid on 132 SMs, or a few rows, at each
-# launch shape: 32 slots of one warp (512), 15 slots (1024), 4 (4096), 3 (5120), 2 (8192), 1 (12296:
-# 4 vectors a thread, 2 blocks per SM; 16384: prefetching, 1 block per SM).
-BALANCED_SHAPES = [(4225, 512), (1981, 1024), (2000, 1024), (529, 4096), (1000, 4096), (397, 5120), (265, 8192),
-                   (400, 8192), (265, 12296), (133, 16384), (265, 16384)]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
-@pytest.mark.parametrize("shape", BALANCED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_balanced_grid(dtype, rms, shape):
-    x = (torch.randn(shape, dtype=torch.float64) * 2 + 0.5).to("cuda", dtype)
-    check_backward(x, dtype, rms, "weight" if rms else "weight_bias")
-
-
-@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
-@pytest.mark.parametrize("rows,cols", [(1981, 1024), (265, 16384)])
-def test_balanced_repeatable(rms, rows, cols):
-    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn_like(x)
-    weight = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
-    bias = None if rms else torch.randn(cols, device="cuda", dtype=torch.bfloat16)
-    mean, invvar = statistics(x, rms)
-    first = run_backward(x, dy, mean, invvar, weight, bias, rms)
-    second = run_backward(x, dy, mean, invvar, weight, bias, rms)
-    for a, b in zip(first, second):
-        if a is not None:
-            assert torch.equal(a, b)
