@@ -1,8 +1,6 @@
 #pragma once
 // Device helpers and launch-shape choices shared by the LayerNorm / RMSNorm CUDA kernels.
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <type_traits>
 
@@ -13,18 +11,6 @@
 #include "layer_norm_math.h"
 
 namespace apex::layer_norm {
-
-// A/B switch (gpu_ab/ln/README.md; the one place to remove once the H200 A/B has decided):
-// APEX_LN_VARIANT=packed, read once per process: forward_vectorized keeps 16-bit rows as loaded (two
-// elements a register) and unpacks them at each pass: 40 registers instead of 64 at 4 vectors a
-// thread, 48 warps an SM, not 32.
-inline bool packed_forward() {
-  static const bool packed = [] {
-    const char* v = std::getenv("APEX_LN_VARIANT");
-    return v != nullptr && std::strcmp(v, "packed") == 0;
-  }();
-  return packed;
-}
 
 // The forward, the register-resident backwards and sum_partial_rows start as programmatic dependent
 // launches: their blocks take SMs as the previous kernel's retire, instead of after a launch gap and a
