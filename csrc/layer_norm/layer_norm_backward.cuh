@@ -2,7 +2,9 @@
 // LayerNorm / RMSNorm backward on CUDA: the kernels and backward_typed<T, W, RMS>, which
 // layer_norm_backward_<dtypes>[_rms].cu instantiate, one dtype pair and norm each (so that ninja
 // compiles them in parallel: all pairs in one file took 83 s, one pair of both norms ~12 s of device
-// compile after the fused kernel's specialisations), and layer_norm_backward.cu dispatches to.
+// compile after the fused kernel's specialisations), and layer_norm_backward.cu dispatches to. The
+// 16-bit pairs' fused launches (launch_fused) are split further, into
+// layer_norm_backward_fused[4]_<dtype>[_rms].cu (see the `extern template` declarations).
 //
 // grad_input needs two sums per row (of g*dy and of g*dy*xhat); grad_weight / grad_bias are
 // sums over rows. The register-resident kernels keep each row in registers (as loaded, 16-bit
@@ -153,6 +155,7 @@ struct RowSlice {
 template <typename T, typename W, int ITEMS, bool RMS, bool MEMORY_EFFICIENT, bool PREFETCH>
 __global__ void APEX_LN_MAX_REGISTERS((backward_registers<T, W, ITEMS, MEMORY_EFFICIENT, PREFETCH>()))
     backward_in_registers(BackwardParams<T, W> p) {
+  dependent_kernel_start();
   using A = Acc<T>;
   using Slice = RowSlice<T, W, ITEMS>;
   constexpr int V = Slice::V;
@@ -464,6 +467,7 @@ inline int64_t fused_region_chunks(int items, int threads_per_row) {
 template <typename T, typename W, int ITEMS, bool RMS, bool PREFETCH, bool ROW_BARRIERS = false>
 __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>()))
     backward_fused(BackwardParams<T, W> p) {
+  dependent_kernel_start();
   static_assert(std::is_same_v<Acc<T>, float>, "16-bit and float32 data");
   using Slice = RowSlice<T, W, ITEMS>;
   constexpr int V = Slice::V;
@@ -797,6 +801,7 @@ constexpr int kSumUnroll = 4;
 // (dgamma, then dbeta when both are wanted), all in one launch.
 template <typename A, typename W>
 __global__ void sum_partial_rows(const A* parts, int64_t num_parts, int cols, W* out0, W* out1) {
+  dependent_kernel_start();
   const int c = blockIdx.x * kFoldColumns + threadIdx.x;
   const A* column_parts = parts + blockIdx.y * num_parts * cols + c;
   A totals[kSumUnroll] = {};
@@ -816,6 +821,113 @@ __global__ void sum_partial_rows(const A* parts, int64_t num_parts, int cols, W*
   if (threadIdx.y == 0 && c < cols) out[c] = static_cast<W>(total);
 }
 
+// What the launches of the register-resident backwards (backward_fused, backward_in_registers) share:
+// the persistent grid, as many blocks as are resident at once, at most one per block of rows
+// (threads.y row slots), each block writing one partial row of each parameter grad into scratch.
+template <typename T, typename W>
+struct PersistentLaunch {
+  const Cuda& device;
+  const cuda::DeviceLimits& limits;
+  cudaStream_t stream;
+  BackwardParams<T, W>& p;
+  const Scratch& scratch;
+  RowLayout layout;
+  int64_t rows;
+  int64_t cols;
+  bool want_dgamma, want_dbeta;
+  int64_t num_parts = 0;  // partial rows per parameter grad, once launched
+
+  int accumulators() const { return int(want_dgamma) + int(want_dbeta); }
+  dim3 block() const { return dim3(layout.threads_per_row, layout.rows_per_block); }
+  template <class Kernel>
+  int resident(Kernel kernel, dim3 threads, size_t shared) const {
+    return cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads.x * threads.y, shared,
+                                        device.device);
+  }
+  // What a launch may ask for beyond the dynamic shared memory: the kernels' static scratch.
+  bool fits(size_t shared) const { return shared + 1024 <= limits.shared_per_block_optin; }
+  // [accumulators, parts, cols]: dgamma's partial rows, then dbeta's.
+  void allocate_parts(int64_t parts) {
+    num_parts = parts;
+    if (accumulators() == 0) return;
+    using A = Acc<T>;
+    A* base = static_cast<A*>(scratch(sizeof(A) * size_t(accumulators()) * size_t(parts) * size_t(cols)));
+    p.dgamma_parts = want_dgamma ? base : nullptr;
+    p.dbeta_parts = want_dbeta ? base + (want_dgamma ? parts * cols : 0) : nullptr;
+  }
+  template <class Kernel>
+  void operator()(Kernel kernel, size_t shared, dim3 threads) {
+    const int64_t row_blocks = (rows + threads.y - 1) / threads.y;
+    const int64_t blocks = std::min<int64_t>(row_blocks, int64_t(resident(kernel, threads, shared)) * limits.sms);
+    allocate_parts(blocks);
+    launch_kernel(device, kernel, dim3(static_cast<unsigned>(blocks)), threads, shared, stream, p);
+  }
+};
+
+// Launches backward_fused for rows of ITEMS vectors per thread, or returns false where it does not
+// apply (rows whose gamma copy leaves no room in shared memory next to the accumulators, near the
+// limit: backward_in_registers takes those). For 16-bit T = W, units of their own instantiate it (see
+// the `extern template` declarations below).
+template <typename T, typename W, bool RMS, int ITEMS>
+bool launch_fused(PersistentLaunch<T, W>& launch) {
+  const auto& limits = launch.limits;
+  const int accumulators = launch.accumulators();
+  const dim3 block = launch.block();
+  constexpr bool kPrefetch = fused_can_prefetch<T, W, ITEMS>();
+  const auto plain = backward_fused<T, W, ITEMS, RMS, false>;
+  const auto prefetching = backward_fused<T, W, ITEMS, RMS, kPrefetch>;
+  // The gamma copy, then the accumulators, in chunks of whole threads (fused_region_chunks).
+  const size_t region = sizeof(float4) * fused_region_chunks<T>(ITEMS, launch.layout.threads_per_row);
+  if constexpr (fused_row_barriers<T, W, ITEMS>()) {
+    // Row barriers: as many row slots as kMaxThreads threads hold (at most one per named
+    // barrier where a row spans several warps) and shared memory takes.
+    const int threads = launch.layout.threads_per_row;
+    int slots = kMaxThreads / threads;
+    if (threads > limits.warp_size) slots = std::min(slots, kMaxNamedRowBarriers);
+    while (slots > 1 && !launch.fits(region * (slots * accumulators + 1))) --slots;
+    const size_t shared = region * (slots * accumulators + 1);
+    const auto kernel = backward_fused<T, W, ITEMS, RMS, false, true>;
+    if (launch.fits(shared) && launch.resident(kernel, dim3(threads, slots), shared) > 0) {
+      launch(kernel, shared, dim3(threads, slots));
+      return true;
+    }
+  }
+  const size_t with_gamma = region * (launch.layout.rows_per_block * accumulators + 1);
+  if (!launch.fits(with_gamma)) return false;
+  // Prefetching holds a second row slice in registers. It is used where one block fills an SM
+  // anyway (wide rows, whose accumulators and gamma take most of the shared memory): there the
+  // registers cost no occupancy, and no other block is around to overlap this one's reductions
+  // with loads. Elsewhere it lost (see the top).
+  if (kPrefetch && launch.resident(plain, block, with_gamma) == 1) {
+    launch(prefetching, with_gamma, block);
+  } else {
+    launch(plain, with_gamma, block);
+  }
+  return true;
+}
+
+// The fused launches of 16-bit rows (T = W) hold most of their dtype's backward kernels (the row
+// barriers and prefetching instances): they compile in units of their own, so that no unit's device
+// compile comes near the op's 20 s build on 16 cores (issue 11; benchmarks/build/NOTES.md), each about
+// as large as what stays with backward_typed: LayerNorm's in layer_norm_backward_fused_<dtype>.cu (1 and
+// 2 vectors a thread) and layer_norm_backward_fused4_<dtype>.cu (4), RMSNorm's (smaller: no beta) all
+// in layer_norm_backward_fused_<dtype>_rms.cu. The units instantiating backward_typed see them through
+// these declarations.
+using Bf16Launch = PersistentLaunch<c10::BFloat16, c10::BFloat16>;
+using Fp16Launch = PersistentLaunch<c10::Half, c10::Half>;
+extern template bool launch_fused<c10::BFloat16, c10::BFloat16, false, 1>(Bf16Launch&);
+extern template bool launch_fused<c10::BFloat16, c10::BFloat16, false, 2>(Bf16Launch&);
+extern template bool launch_fused<c10::BFloat16, c10::BFloat16, false, 4>(Bf16Launch&);
+extern template bool launch_fused<c10::BFloat16, c10::BFloat16, true, 1>(Bf16Launch&);
+extern template bool launch_fused<c10::BFloat16, c10::BFloat16, true, 2>(Bf16Launch&);
+extern template bool launch_fused<c10::BFloat16, c10::BFloat16, true, 4>(Bf16Launch&);
+extern template bool launch_fused<c10::Half, c10::Half, false, 1>(Fp16Launch&);
+extern template bool launch_fused<c10::Half, c10::Half, false, 2>(Fp16Launch&);
+extern template bool launch_fused<c10::Half, c10::Half, false, 4>(Fp16Launch&);
+extern template bool launch_fused<c10::Half, c10::Half, true, 1>(Fp16Launch&);
+extern template bool launch_fused<c10::Half, c10::Half, true, 2>(Fp16Launch&);
+extern template bool launch_fused<c10::Half, c10::Half, true, 4>(Fp16Launch&);
+
 template <typename T, typename W, bool RMS>
 void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& scratch) {
   using A = Acc<T>;
@@ -834,19 +946,12 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
                          A(1) / static_cast<A>(a.cols),
                          static_cast<A>(a.eps),
                          a.memory_efficient};
-  const bool want_dgamma = a.grad_weight != nullptr, want_dbeta = a.grad_bias != nullptr;
-  const int accumulators = int(want_dgamma) + int(want_dbeta);
   const cuda::DeviceLimits& limits = cuda::device_limits(device.device);
   const cudaStream_t stream = cuda::stream(device);
-  // [accumulators, parts, cols]: dgamma's partial rows, then dbeta's.
-  int64_t num_parts = 0;
-  const auto allocate_parts = [&](int64_t parts) {
-    num_parts = parts;
-    if (accumulators == 0) return;
-    A* base = static_cast<A*>(scratch(sizeof(A) * size_t(accumulators) * size_t(parts) * size_t(a.cols)));
-    p.dgamma_parts = want_dgamma ? base : nullptr;
-    p.dbeta_parts = want_dbeta ? base + (want_dgamma ? parts * a.cols : 0) : nullptr;
-  };
+  PersistentLaunch<T, W> launch{device, limits, stream, p, scratch, RowLayout{},
+                                a.rows, a.cols, a.grad_weight != nullptr, a.grad_bias != nullptr};
+  const bool want_dgamma = launch.want_dgamma;
+  const int accumulators = launch.accumulators();
 
   constexpr size_t kInputAlignment = alignof(AlignedVector<T, V>), kGradAlignment = alignof(AlignedVector<W, V>);
   const bool vectorizable = !std::is_same_v<T, double> && a.cols % V == 0 && is_aligned(p.x_or_y, kInputAlignment) &&
@@ -866,21 +971,8 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
 
   if (layout) {
     if constexpr (!std::is_same_v<T, double>) {
-      const dim3 block(layout->threads_per_row, layout->rows_per_block);
-      const auto resident = [&](auto kernel, dim3 threads, size_t shared) {
-        return cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads.x * threads.y, shared,
-                                            device.device);
-      };
-      // The persistent grid: as many blocks as are resident at once, at most one per block of rows
-      // (threads.y row slots).
-      const auto launch = [&](auto kernel, size_t shared, dim3 threads) {
-        const int64_t row_blocks = (a.rows + threads.y - 1) / threads.y;
-        const int64_t blocks = std::min<int64_t>(row_blocks, int64_t(resident(kernel, threads, shared)) * limits.sms);
-        allocate_parts(blocks);
-        kernel<<<blocks, threads, shared, stream>>>(p);
-      };
-      // What a launch may ask for beyond the dynamic shared memory: the kernels' static scratch.
-      const auto fits = [&](size_t shared) { return shared + 1024 <= limits.shared_per_block_optin; };
+      launch.layout = *layout;
+      const dim3 block = launch.block();
       dispatch_items(layout->items, [&](auto items) {
         constexpr int kItems = std::min(decltype(items)::value, kMaxBackwardElements / V);
         // backward_fused, except where it does not apply; those take backward_in_registers below:
@@ -888,36 +980,7 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
         //   division per element, which backward_fused (x, and its FFMA forms) does not carry;
         // - rows whose gamma copy leaves no room in shared memory next to the accumulators (near
         //   the limit), where backward_in_registers reads gamma from global memory instead.
-        if (!a.memory_efficient) {
-          constexpr bool kPrefetch = fused_can_prefetch<T, W, kItems>();
-          const auto plain = backward_fused<T, W, kItems, RMS, false>;
-          const auto prefetching = backward_fused<T, W, kItems, RMS, kPrefetch>;
-          // The gamma copy, then the accumulators, in chunks of whole threads (fused_region_chunks).
-          const size_t region = sizeof(float4) * fused_region_chunks<T>(kItems, layout->threads_per_row);
-          if constexpr (fused_row_barriers<T, W, kItems>()) {
-            // Row barriers: as many row slots as kMaxThreads threads hold (at most one per named
-            // barrier where a row spans several warps) and shared memory takes.
-            const int threads = layout->threads_per_row;
-            int slots = kMaxThreads / threads;
-            if (threads > limits.warp_size) slots = std::min(slots, kMaxNamedRowBarriers);
-            while (slots > 1 && !fits(region * (slots * accumulators + 1))) --slots;
-            const size_t shared = region * (slots * accumulators + 1);
-            const auto kernel = backward_fused<T, W, kItems, RMS, false, true>;
-            if (fits(shared) && resident(kernel, dim3(threads, slots), shared) > 0) {
-              return launch(kernel, shared, dim3(threads, slots));
-            }
-          }
-          const size_t with_gamma = region * (layout->rows_per_block * accumulators + 1);
-          if (fits(with_gamma)) {
-            // Prefetching holds a second row slice in registers. It is used where one block fills
-            // an SM anyway (wide rows, whose accumulators and gamma take most of the shared
-            // memory): there the registers cost no occupancy, and no other block is around to
-            // overlap this one's reductions with loads. Elsewhere it lost (see the top).
-            const bool prefetch = kPrefetch && resident(plain, block, with_gamma) == 1;
-            if (prefetch) return launch(prefetching, with_gamma, block);
-            return launch(plain, with_gamma, block);
-          }
-        }
+        if (!a.memory_efficient && launch_fused<T, W, RMS, kItems>(launch)) return;
         dispatch_bool(a.memory_efficient, [&](auto memory_efficient) {
           constexpr bool kMemoryEfficient = decltype(memory_efficient)::value;
           // Only rows wider than kBackwardItems vectors per thread reach one block per SM, so
@@ -942,7 +1005,7 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
       const int64_t wanted = std::max<int64_t>(1, 4 * limits.sms / column_blocks);
       const int64_t chunks = std::min<int64_t>(wanted, (a.rows + kFoldRows - 1) / kFoldRows);
       const int64_t rows_per_chunk = (a.rows + chunks - 1) / chunks;
-      allocate_parts(chunks);
+      launch.allocate_parts(chunks);
       parameter_grads_by_columns<T, W>
           <<<dim3(column_blocks, chunks), dim3(kFoldColumns, kFoldRows), 0, stream>>>(p, rows_per_chunk);
     }
@@ -953,8 +1016,8 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
     W* second = accumulators == 2 ? static_cast<W*>(a.grad_bias) : nullptr;
     const dim3 grid((a.cols + kFoldColumns - 1) / kFoldColumns, accumulators);
     const A* parts = want_dgamma ? p.dgamma_parts : p.dbeta_parts;
-    sum_partial_rows<A, W><<<grid, dim3(kFoldColumns, kFoldRows), 0, stream>>>(parts, num_parts,
-                                                                              static_cast<int>(a.cols), first, second);
+    launch_kernel(device, sum_partial_rows<A, W>, grid, dim3(kFoldColumns, kFoldRows), 0, stream, parts,
+                  launch.num_parts, static_cast<int>(a.cols), first, second);
   }
   cuda::check_launch(a.rms ? "rms_norm_bwd" : "layer_norm_bwd");
 }

@@ -13,7 +13,8 @@
 // an H200 moves the 4 bytes of a bf16 element (x in, y out) in ~1e-12 s, time for ~32
 // thread-instructions at perfect issue, and forward_in_registers spends 28 per element (LayerNorm;
 // RMSNorm 17). forward_vectorized keeps that kernel's launch structure and cuts the instructions:
-//   - x is converted to float once, as it arrives, and kept so for all three passes;
+//   - 16-bit x stays in the 32-bit words it was loaded as, widened again at each of its three passes:
+//     ~2 more instructions per element than keeping floats, for half the row's registers (below);
 //   - 1/cols is a multiply, 1/sqrt an rsqrtf, and the normalization one FFMA for 16-bit data;
 //   - a thread's vectors sit at fixed offsets from one pointer per row (immediate offsets in the
 //     loads and stores, no 64-bit index arithmetic per vector);
@@ -26,7 +27,7 @@
 // session 28, benchmarks/normalization/NOTES.md) serialized load -> reduce -> store within each
 // resident block: latency-bound on an H200 (SM throughput 31%, DRAM 69% at 16384x4096 bf16), 78-83%
 // of copy for bf16 LayerNorm and below forward_in_registers for float data; this kernel reaches
-// 87-95% (bf16) with no loss for float.
+// 91-96% (bf16, session 30) with no loss for float.
 
 #include "apex/packed_pairs.cuh"
 #include "layer_norm_cuda.cuh"
@@ -281,19 +282,20 @@ __device__ __forceinline__ float row_total(float value, int buffer) {
 // ---------------------------------------------------------------------------------------------
 // forward_vectorized: the forward wherever a row spans whole warps.
 
-// Registers a forward_vectorized thread needs beside its row slice (in float): row pointers, the
-// statistics, one vector's gamma/beta words and results. With 24, float data at 4 vectors per
-// thread gets 40 registers, as forward_in_registers had (6 blocks of 256 threads per SM; 48 would
-// leave 5).
+// Registers a forward_vectorized thread needs beside its row slice (as loaded): row pointers, the
+// statistics, one vector's gamma/beta words and results. With 24, 4 vectors per thread (16 words of
+// row, float or 16-bit) get 40 registers, as float data had in forward_in_registers (6 blocks of 256
+// threads per SM; 48 would leave 5).
 constexpr int kVectorizedOverhead = 24;
 
 // Register cap of a forward_vectorized instance: the most registers per thread that keep as many
-// 256-thread blocks resident as slice + kVectorizedOverhead would (64 at 4 bf16 vectors per
+// 256-thread blocks resident as slice + kVectorizedOverhead would (64 at 8 bf16 vectors per
 // thread: 4 blocks per SM either way). Without a cap ptxas hoists the gamma/beta loads of later
-// vectors and holds them (~96 registers at 4 bf16 vectors), which halves the resident blocks.
+// vectors and holds them (~96 registers at 4 bf16 vectors when rows were held as floats), which cuts
+// the resident blocks. The slice is counted as loaded: two elements a register for 16-bit T.
 template <typename T, int ITEMS>
 constexpr int vectorized_registers() {
-  constexpr int kSlice = ITEMS * vector_width<T>();  // the row slice, in float registers
+  constexpr int kSlice = ITEMS * vector_width<T>() * int(sizeof(T)) / 4;
   constexpr int kNeeded = (kSlice + kVectorizedOverhead + kRegisterStep - 1) / kRegisterStep * kRegisterStep;
   constexpr int kByRegisters = kSmRegisters / (kNeeded * kBlockThreads);
   constexpr int kBlocks = kByRegisters < kSmThreads / kBlockThreads ? kByRegisters : kSmThreads / kBlockThreads;
@@ -308,10 +310,19 @@ constexpr int vectorized_registers() {
 // [w * ITEMS, (w + 1) * ITEMS), lane l vector l of each. A thread's columns are then fixed offsets
 // from one pointer: x, y, gamma and beta need one address per row and immediate offsets.
 // gamma/beta are loaded from global memory for every row (L1/L2 hits after the first rows).
+// 16-bit x stays in the words it was loaded as and is widened again at each of the three passes (one
+// more instruction per element and pass after the first, ~14 instead of ~12 per bf16 element), for
+// half the slice's registers: 40 instead of 56-60 at 4 vectors a thread, 48 warps an SM instead of 32,
+// so more rows' loads in flight per SM. On an H200 (session 30, bf16, against widening x once and
+// keeping the floats) that gained 0.5-3.5% at most shapes and lost nowhere beyond noise: LayerNorm
+// 32768x1024 3793 -> 3824 GB/s fwd, 3639 -> 3691 fwd+bwd; 4096x16384 3836 -> 3975 fwd
+// (benchmarks/normalization/NOTES.md).
 template <typename T, typename W, int ITEMS, bool RMS>
 __global__ void APEX_LN_FWD_MAX_REGISTERS((vectorized_registers<T, ITEMS>()))
     forward_vectorized(ForwardParams<T, W> p) {
   static_assert(std::is_same_v<Acc<T>, float>, "float statistics");
+  dependent_kernel_start();
+  constexpr bool kPacked = sizeof(T) == 2;  // x kept as 16-bit words, not as floats
   constexpr int V = vector_width<T>();
   constexpr int kChunk = kWarp * V;  // elements between a thread's consecutive vectors
   // For 16-bit data the normalization is one FFMA, x * invvar + (-mean * invvar). Rounding
@@ -327,32 +338,52 @@ __global__ void APEX_LN_FWD_MAX_REGISTERS((vectorized_registers<T, ITEMS>()))
   const int64_t offset = row * p.cols + first;  // the thread's first element, in x and y alike
   const T* x = p.x + offset;
 
-  // x as floats, and its sum (LayerNorm) or sum of squares (RMSNorm).
+  // x as loaded (float data: v; 16-bit: packed), and its sum (LayerNorm) or sum of squares (RMSNorm).
   float v[ITEMS][V];
+  Words<T, V> packed[ITEMS] = {};  // 16-bit only; zeros past the row end (never used, but defined)
+  const auto value = [&](int k, int j) {
+    if constexpr (kPacked) return packed[k].get(j);
+    return v[k][j];
+  };
+  // 16-bit: hides the words from the optimizer, so that the next pass widens them again instead of
+  // keeping this pass's floats live across the row reduction (no instruction).
+  const auto unpack_again_after_this = [&] {
+    if constexpr (kPacked) {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+#pragma unroll
+        for (int i = 0; i < Words<T, V>::kCount; ++i) asm volatile("" : "+r"(packed[k].w[i]));
+      }
+    }
+  };
   float sum = 0.f, squares = 0.f;
   for_items<ITEMS>(n, [&](int k) {
     Words<T, V> words;
     words.load(x + k * kChunk);
+    if constexpr (kPacked) packed[k] = words;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      v[k][j] = words.get(j);
+      const float e = words.get(j);
+      if constexpr (!kPacked) v[k][j] = e;
       if constexpr (RMS) {
-        squares = fmaf(v[k][j], v[k][j], squares);
+        squares = fmaf(e, e, squares);
       } else {
-        sum += v[k][j];
+        sum += e;
       }
     }
   });
+  unpack_again_after_this();
   float mean = 0.f;
   if constexpr (!RMS) {
     mean = row_total(sum, 0) * p.inv_cols;
     for_items<ITEMS>(n, [&](int k) {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float d = v[k][j] - mean;
+        const float d = value(k, j) - mean;
         squares = fmaf(d, d, squares);
       }
     });
+    unpack_again_after_this();
   }
   // One reduction per buffer: the block's rows end with the kernel, so nothing reuses them.
   const float invvar = rsqrtf(row_total(squares, 1) * p.inv_cols + p.eps);
@@ -383,7 +414,7 @@ __global__ void APEX_LN_FWD_MAX_REGISTERS((vectorized_registers<T, ITEMS>()))
         float r[kPiece];
 #pragma unroll
         for (int j = 0; j < kPiece; ++j) {
-          r[j] = normalized(v[k][s + j]);
+          r[j] = normalized(value(k, s + j));
           if constexpr (has_gamma && has_beta) {
             r[j] = fmaf(r[j], g.get(j), b.get(j));
           } else if constexpr (has_gamma) {
@@ -450,7 +481,8 @@ void forward_typed(const Cuda& device, const ForwardArgs& a) {
       dispatch_items(shape.items, [&](auto items) {
         constexpr int kItems = decltype(items)::value;
         if (whole_warps) {
-          forward_vectorized<T, W, kItems, kRms><<<blocks, block, 0, stream>>>(p);
+          launch_kernel(device, forward_vectorized<T, W, kItems, kRms>, dim3(static_cast<unsigned>(blocks)), block, 0,
+                        stream, p);
         } else {
           forward_in_registers<T, W, kItems, kRms><<<blocks, block, 0, stream>>>(p);
         }

@@ -8,6 +8,8 @@ run in blocks of up to 1024 threads whose row slots synchronize on a named barri
   a block, and vectors past the row end (2056).
 - Just past the row-barrier range (8200: 3 vectors per thread) and the prefetching kernel (16384),
   and odd columns (the scalar kernels).
+- The persistent grid's last round: row counts one past a whole round of blocks on 132 SMs (an H200),
+  or a few rows past, at each launch shape, all three dtypes (test_rows_past_a_round).
 """
 import re
 
@@ -72,3 +74,19 @@ def test_row_barriers_run(dtype, rms, cols):
         assert not any(barriers), names
     else:
         assert barriers == [cols in ROW_BARRIER_COLS], names
+
+
+# (rows, cols) one row past a whole round of the persistent grid on 132 SMs, or a few rows past, at
+# each launch shape: 32 slots of one warp (512), 15 slots (1024), 4 (4096), 3 (5120), 2 (8192), 1
+# (12296: 4 vectors a thread, 2 blocks per SM; 16384: prefetching, 1 block per SM).
+ROUND_SHAPES = [(4225, 512), (1981, 1024), (2000, 1024), (529, 4096), (1000, 4096), (397, 5120), (265, 8192),
+                (400, 8192), (265, 12296), (133, 16384), (265, 16384)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+@pytest.mark.parametrize("shape", ROUND_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_rows_past_a_round(dtype, rms, shape):
+    """A last round of rows that only a few blocks of the persistent grid take."""
+    x = (torch.randn(shape, dtype=torch.float64) * 2 + 0.5).to("cuda", dtype)
+    check_backward(x, dtype, rms, "weight" if rms else "weight_bias")

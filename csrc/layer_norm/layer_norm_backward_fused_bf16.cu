@@ -1,0 +1,8 @@
+// LayerNorm backward_fused launches for bfloat16 rows at 1 and 2 vectors a thread (up to 8192 columns): a unit of
+// their own (layer_norm_backward.cuh, launch_fused).
+#include "layer_norm_backward.cuh"
+
+namespace apex::layer_norm {
+template bool launch_fused<c10::BFloat16, c10::BFloat16, false, 1>(Bf16Launch&);
+template bool launch_fused<c10::BFloat16, c10::BFloat16, false, 2>(Bf16Launch&);
+}  // namespace apex::layer_norm
