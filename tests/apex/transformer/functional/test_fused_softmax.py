@@ -345,6 +345,37 @@ def test_long_rows_at_row_kernel_thresholds(dtype, mask_kind):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_kind", ["shared", "per_head", "none"])
+def test_long_rows_one_kept_column(dtype, mask_kind):
+    """Long rows with one column kept each, at a sixteenth of the row apart (every vector index of a
+    thread's row in the 1024 x 4 and 512 x 8 row-kernel shapes, mask bits past a 32-bit word, the
+    second block of a cluster) and at the first / last elements of those vectors; one fully masked row
+    (zeros). Masks shared by the heads ([1, 1, sq, sk]), per head, or none (the other scores -inf).
+    Widths: half a block's row plus a vector, a block's row, one vector past it, a 2-block cluster's row."""
+    per_vector = 128 // torch.finfo(dtype).bits
+    block = 4 * 1024 * per_vector
+    for sk in (block // 2 + per_vector, block, block + per_vector, 2 * block):
+        spots = sorted({min(j * (sk // 16) + e, sk - 1) for j in range(16) for e in (0, per_vector - 1)} | {sk - 1})
+        sq, heads = len(spots) + 1, 3  # the last row keeps nothing
+        x = torch.randn(1, heads, sq, sk, device="cuda").to(dtype) * 4
+        keep = torch.zeros(1, heads, sq, sk, dtype=torch.bool, device="cuda")
+        for q in range(len(spots)):
+            for h in range(heads):
+                keep[0, h, q, spots[(q + (h if mask_kind == "per_head" else 0)) % len(spots)]] = True
+        if mask_kind == "none":
+            x = x.masked_fill(~keep, float("-inf"))
+            y = ops().scaled_softmax_forward(x, 0.6)
+        else:
+            mask = ~keep if mask_kind == "per_head" else ~keep[:, :1]
+            y = ops().scaled_masked_softmax_forward(x, mask, 0.6)
+        assert torch.equal(y != 0, keep)
+        check(y, keep.to(y.dtype), TOL[dtype])
+        del x, keep, y
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mask_kind", ["shared", "per_batch", "none"])
 def test_long_rows_few_rows_per_block_two_heads(dtype, mask_kind):
     """Long rows without a causal bound in the row kernel with few rows per block: 1, 2 and 3 rows in
