@@ -131,10 +131,7 @@ __global__ void __launch_bounds__(kThreads, kMinBackwardBlocksPerSm)
                     T* __restrict__ grad_x, acc_t<T>* __restrict__ partials, int64_t rows, int64_t half,
                     int64_t chunk_rows) {
   using Acc = acc_t<T>;
-  if constexpr (kDependent) {
-    cuda::wait_for_prerequisite_grid();
-    cuda::allow_dependent_launch();
-  }
+  if constexpr (kDependent) cuda::start_dependent_kernel();
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x) * kVec;
   const bool live = col < half;  // the bias-gradient fold below needs every thread of the block
   Pack<T, kVec> bias_gate, bias_up;
@@ -198,10 +195,7 @@ __global__ void __launch_bounds__(kThreads, kMinBackwardBlocksPerSm)
 template <class T, bool kDependent = false>
 __global__ void fold_bias_grad_kernel(const acc_t<T>* __restrict__ partials, T* __restrict__ grad_bias,
                                       int64_t chunks, int64_t width) {
-  if constexpr (kDependent) {
-    cuda::wait_for_prerequisite_grid();  // the partials of backward_kernel
-    cuda::allow_dependent_launch();
-  }
+  if constexpr (kDependent) cuda::start_dependent_kernel();  // after the partials of backward_kernel
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < width;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     acc_t<T> total = acc_t<T>(0);
@@ -271,8 +265,7 @@ C10_DEVICE C10_ALWAYS_INLINE float with_bias(const AlignedVector<T, 8>& v, const
 template <class T, bool kBias, class F>
 C10_DEVICE C10_ALWAYS_INLINE void for_each_flat_row(const T* bias, int64_t rows, int64_t half, F&& f) {
   static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
-  cuda::wait_for_prerequisite_grid();
-  cuda::allow_dependent_launch();
+  cuda::start_dependent_kernel();
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x) * 8;
   if (col >= half) return;
   AlignedVector<T, 8> bias_gate, bias_up;
