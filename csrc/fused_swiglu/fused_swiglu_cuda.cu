@@ -237,19 +237,6 @@ dim3 grid_for(int64_t half, int64_t chunks) {
 constexpr int kFlatBlocksPerSm = 8;
 constexpr int kFlatBiasBackwardBlocksPerSm = 6;
 
-// A 16-byte vector store that is always a global one (store_vector's is generic).
-template <class T>
-C10_DEVICE C10_ALWAYS_INLINE void store_global(T* p, const AlignedVector<T, 8>& v) {
-#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
-  uint32_t w[4];
-  memcpy(w, &v, sizeof(w));
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-               : "memory");
-#else
-  store_vector<8>(p, 0, v);
-#endif
-}
-
 // The float values of a 16-bit pack plus (kBias) the bias pack's.
 template <bool kBias, class T>
 C10_DEVICE C10_ALWAYS_INLINE float with_bias(const AlignedVector<T, 8>& v, const AlignedVector<T, 8>& b, int k) {
@@ -293,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, kFlatBlocksPerSm)
       out.value[k] = static_cast<T>(
           swiglu(with_bias<kBias>(gate, bias_gate, k), with_bias<kBias>(up, bias_up, k), FastSigmoid{}));
     }
-    store_global(y + r * half + col, out);
+    store_vector_global(y + r * half + col, out);
   });
 }
 
@@ -315,8 +302,8 @@ __global__ void __launch_bounds__(kThreads, kBias ? kFlatBiasBackwardBlocksPerSm
       d_gate.value[k] = static_cast<T>(d.gate);
       d_up.value[k] = static_cast<T>(d.up);
     }
-    store_global(grad_x + r * 2 * half + col, d_gate);
-    store_global(grad_x + r * 2 * half + half + col, d_up);
+    store_vector_global(grad_x + r * 2 * half + col, d_gate);
+    store_vector_global(grad_x + r * 2 * half + half + col, d_up);
   });
 }
 
