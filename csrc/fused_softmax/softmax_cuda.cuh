@@ -320,11 +320,11 @@ void launch_warp_kernel(void (*const (&kernels)[kInstances])(Args, int), const P
 // plan's vectors per row (warp_kernels[k]: 2^k, with rows_per_lane() rows per lane), the
 // row kernel (`row_kernel`, null where the data is not in vectors: it takes only vector data, the
 // block kernel the rest), or the block kernel. `row_vectors`: vectors per thread per tensor of the
-// row kernel, `row_threads` its most threads a block; `stage_bytes_per_column`: see plan_block.
+// row kernel; `stage_bytes_per_column`: see plan_block.
 template <class Args, class RowKernel, class BlockKernel, size_t kInstances>
 void run_rows(const Args& args, const Cuda& device, int vec, int row_vectors, double stage_bytes_per_column,
               RowKernel row_kernel, BlockKernel block_kernel, void (*const (&warp_kernels)[kInstances])(Args, int),
-              const char* op, int row_threads = kMaxRowThreads) {
+              const char* op) {
   Plan plan{};
   plan.vec = vec;
   const int64_t vectors = ceil_div(args.cols, vec);
@@ -335,7 +335,7 @@ void run_rows(const Args& args, const Cuda& device, int vec, int row_vectors, do
   }
   if (row_kernel != nullptr) {
     // The fewest blocks (a power of two, a cluster past one) whose threads hold the row.
-    const int64_t per_block = int64_t{row_threads} * row_vectors;
+    const int64_t per_block = int64_t{kMaxRowThreads} * row_vectors;
     int cluster = 1;
     while (cluster < kMaxCluster && cluster * per_block < vectors) cluster *= 2;
     if (cluster * per_block >= vectors && (cluster == 1 || supports_clusters(row_kernel, device))) {

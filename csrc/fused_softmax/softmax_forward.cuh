@@ -4,9 +4,6 @@
 // columns up to the diagonal and write zeros past it without reading anything.
 // forward_as<T> is instantiated once per dtype, each in a unit of its own (softmax_forward_<dtype>.cu),
 // so that ninja compiles the dtypes in parallel: as one unit they were the op's slowest.
-#include <cstdlib>
-#include <string>
-
 #include "apex/packed_pairs.cuh"
 #include "softmax_cuda.cuh"
 
@@ -648,20 +645,11 @@ __global__ void __launch_bounds__(kWarpKernelThreads, kMinWarpBlocksPerSm) warp_
 // kKeep (rows without a causal bound, which run() gives it): the exponentials are kept (Kept) between
 // the passes. Causal rows recompute them: they skip the masked triangle and run past copy bandwidth
 // already (H200 bf16: causal 64x2048x2048 forward 124.0% of copy, 16x8192x8192 113.3%).
-// kThreads, kVectors, kAhead: the default shape is 1024 threads of 4 vectors, one block an SM, the
-// next row issued a row ahead. The A/B variants (RowVariant) take rows without a causal bound in 512
-// threads of 8 vectors: twice the elements a thread per row for the same per-row work (index and mask
-// steps, the block reduction, the cluster exchange), one block an SM at 128 registers with the next
-// row ahead (wide), or two blocks an SM at 64 registers, each loading its next row only after its
-// stores (wide2: the other block's row is in flight meanwhile).
-template <class T, int kVec, bool kKeep, int kThreads = kMaxRowThreads, int kVectors = kRowForwardVectors,
-          bool kAhead = true>
-__global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) row_forward(ForwardArgs a, Plan plan) {
+template <class T, int kVec, bool kKeep>
+__global__ void __launch_bounds__(kMaxRowThreads, 1) row_forward(ForwardArgs a, Plan plan) {
+  constexpr int kVectors = kRowForwardVectors;
   constexpr uint32_t kAll = (1u << kVec) - 1u;
-  static_assert(kVectors * kVec <= 64, "a thread's mask bits fit one 64-bit word");
-  static_assert(kAhead || kKeep, "rows issued late only where exponentials are kept");
-  // A thread's mask bits: one 32-bit word where they fit (the default shape), else 64 bits.
-  using MaskWord = std::conditional_t<kVectors * kVec <= 32, uint32_t, uint64_t>;
+  static_assert(kVectors * kVec <= 32, "a thread's mask bits fit one 32-bit word");
   __shared__ Stats scratch[2][kMaxRowWarps];
   __shared__ ClusterExchange<Stats> cluster_stats;
   const T* x = static_cast<const T*>(a.x);
@@ -687,7 +675,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) row_forward(ForwardA
   int next_limit = 0;
   const uint8_t* next_mask_row = nullptr;
   const uint8_t* mask_row_now = nullptr;  // the mask row `bits` holds
-  MaskWord bits = 0;                      // bit k * kVec + e: element e of vector k is masked
+  uint32_t bits = 0;                      // bit k * kVec + e: element e of vector k is masked
   // Where row t lies. Without a mask the rows go in storage order: row t starts at t * cols, and only
   // causal rows divide (for their query index). With one, a block's consecutive rows (all but causal
   // ones, which no masked op has) step by next_row() from the previous, without dividing.
@@ -715,37 +703,21 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) row_forward(ForwardA
       next_mask_row = mask_row(a, issued);
     }
     next_limit = static_cast<int>(std::min<int64_t>(end, kept));
-    // !kAhead: a row is issued at its own start, after the previous row's stores, so nothing of
-    // another row is live: vectors not loaded are zeroed and the mask goes to `bits` at once (else ptxas keeps next[]
-    // and next_mask[] live through the whole row, as stale values a row may reuse: wide2 spilled).
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
-      if (!kAhead) next[k] = Packed<T, kVec>::zero();
       if (column(k) < next_limit) next[k] = Packed<T, kVec>::load(x, next_offset + column(k));
     }
     if (next_mask_row != mask_row_now) {
-      MaskBytes<kVec> loaded[kVectors];
 #pragma unroll
       for (int k = 0; k < kVectors; ++k) {
-        loaded[k] = kAhead ? next_mask[k] : MaskBytes<kVec>::zero();
-        if (column(k) < end) loaded[k] = MaskBytes<kVec>::load(next_mask_row, column(k));
-      }
-      if constexpr (kAhead) {
-#pragma unroll
-        for (int k = 0; k < kVectors; ++k) next_mask[k] = loaded[k];
-      } else {
-        bits = 0;
-#pragma unroll
-        for (int k = 0; k < kVectors; ++k) bits |= static_cast<MaskWord>(loaded[k].bits()) << (k * kVec);
-        mask_row_now = next_mask_row;
+        if (column(k) < end) next_mask[k] = MaskBytes<kVec>::load(next_mask_row, column(k));
       }
     }
   };
 
   int64_t t = rows.first;
-  if (kAhead && t < rows.end) issue(t);
+  if (t < rows.end) issue(t);
   for (uint32_t n = 0; t < rows.end; t += rows.step, ++n) {
-    if (!kAhead) issue(t);  // after the previous row's stores
     Packed<T, kVec> in[kVectors];
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) in[k] = next[k];
@@ -754,10 +726,10 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) row_forward(ForwardA
     if (next_mask_row != mask_row_now) {
       bits = 0;
 #pragma unroll
-      for (int k = 0; k < kVectors; ++k) bits |= static_cast<MaskWord>(next_mask[k].bits()) << (k * kVec);
+      for (int k = 0; k < kVectors; ++k) bits |= next_mask[k].bits() << (k * kVec);
       mask_row_now = next_mask_row;
     }
-    if (kAhead && t + rows.step < rows.end) issue(t + rows.step);
+    if (t + rows.step < rows.end) issue(t + rows.step);
     // Dropped elements become -inf; this thread's largest scaled element, and its exponentials' sum.
     // A warp's k-th vectors are consecutive columns: all of them or none are live but at the causal
     // bound, so the passes skip (warp_any) the vectors past it. A lane's own vector past its limit
@@ -770,7 +742,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) row_forward(ForwardA
       // exponentials 0, not stored): a branch around it left the kept words maybe-unset, which cost
       // ptxas twice their registers (56-76 bytes of spills).
       if (kKeep || warp_any(room > 0)) {
-        const uint32_t dropped = (static_cast<uint32_t>(bits >> (k * kVec)) | bits_past<kVec>(room)) & kAll;
+        const uint32_t dropped = ((bits >> (k * kVec)) | bits_past<kVec>(room)) & kAll;
         if (warp_any(dropped != 0)) drop_elements(in[k], Dropped<kVec>::from_bits(dropped));
         most.absorb(in[k]);
         if constexpr (LoadedMax<T>::template converts<kVec>()) launder(in[k]);
@@ -1033,21 +1005,6 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm) block_forwa
   }
 }
 
-// A/B switch (gpu_ab/softmax/README.md), read once: APEX_SOFTMAX_VARIANT=wide or wide2 sends rows
-// without a causal bound that the row kernel takes to its 512-thread, 8-vector shapes (row_forward).
-// To keep one: the call in run() below without the switch; to drop both: this block and the call.
-enum class RowVariant { kDefault, kWide, kWide2 };
-inline RowVariant row_variant() {
-  static const RowVariant variant = [] {
-    const char* env = std::getenv("APEX_SOFTMAX_VARIANT");
-    const std::string name = env != nullptr ? env : "";
-    return name == "wide" ? RowVariant::kWide : name == "wide2" ? RowVariant::kWide2 : RowVariant::kDefault;
-  }();
-  return variant;
-}
-constexpr int kWideRowThreads = 512;
-constexpr int kWideRowVectors = 8;
-
 template <class T, int kVec>
 void run(const ForwardArgs& args, const Cuda& device) {
   static_assert(kWarpForwardVectors == 8, "one warp kernel instance per power of two up to kWarpForwardVectors");
@@ -1084,17 +1041,6 @@ void run(const ForwardArgs& args, const Cuda& device) {
         launch_warp_kernel(once_kernels, plan, args, device, "fused_softmax forward");
         return;
       }
-    }
-  }
-  if constexpr (kVec > 1) {
-    const RowVariant variant = row_variant();
-    if (variant != RowVariant::kDefault && !args.causal) {
-      row_kernel = variant == RowVariant::kWide
-                       ? row_forward<T, kVec, true, kWideRowThreads, kWideRowVectors, true>
-                       : row_forward<T, kVec, true, kWideRowThreads, kWideRowVectors, false>;
-      run_rows(args, device, kVec, kWideRowVectors, stage_bytes_per_column, row_kernel, block_forward<T, kVec>,
-               warp_kernels, "fused_softmax forward", kWideRowThreads);
-      return;
     }
   }
   run_rows(args, device, kVec, kRowForwardVectors, stage_bytes_per_column, row_kernel, block_forward<T, kVec>,

@@ -348,9 +348,9 @@ def test_long_rows_at_row_kernel_thresholds(dtype, mask_kind):
 @pytest.mark.parametrize("mask_kind", ["shared", "per_head", "none"])
 def test_long_rows_one_kept_column(dtype, mask_kind):
     """Long rows with one column kept each, at a sixteenth of the row apart (every vector index of a
-    thread's row in the 1024 x 4 and 512 x 8 row-kernel shapes, mask bits past a 32-bit word, the
-    second block of a cluster) and at the first / last elements of those vectors; one fully masked row
-    (zeros). Masks shared by the heads ([1, 1, sq, sk]), per head, or none (the other scores -inf).
+    thread's row in the row kernel's 1024 threads x 4 vectors, the second block of a cluster) and at
+    the first / last elements of those vectors; one fully masked row (zeros). Masks shared by the
+    heads ([1, 1, sq, sk]), per head, or none (the other scores -inf).
     Widths: half a block's row plus a vector, a block's row, one vector past it, a 2-block cluster's row."""
     per_vector = 128 // torch.finfo(dtype).bits
     block = 4 * 1024 * per_vector
