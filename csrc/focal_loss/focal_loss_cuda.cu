@@ -19,7 +19,6 @@
 // and a quarter of a reciprocal (reciprocals() below), with ~17 more instructions (the forward's
 // unmasked packs; PTX) where it took ~200 with expf / log1pf / powf (still issue-bound rather
 // than memory-bound at 96 classes: see the rows kernels). The positive class is a sign flip of the same formula.
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -493,134 +492,6 @@ __global__ void __launch_bounds__(kMaxThreads) rows_forward_kernel(Problem p, Fo
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-// ---- A/B variant (APEX_FOCAL_VARIANT=fix_fwd): the 16-bit forward with one correction a row ----
-// The rows forward spends ~3.75 SASS instructions an element on the positive class (bf16, 96 / 91
-// classes: 20.4 an element; 16.7 with every class a negative): a compare, the sign flip and the
-// pick, on every element for the one in 96 that is positive. Here every class is a negative, and
-// each row's positive element is corrected once: alpha * P - (1 - alpha) * N of that element alone,
-// in float (P, N: its positive and negative terms from one Softplus), added to the block's sum
-// beside the rows' (1 - alpha) * sum of N. A correction by the thread whose pack holds the label
-// would cost its whole warp (~2.7 rows a warp, one of them nearly always positive), so one warp of
-// the block does all the block's rows of a step at once (a lane a row, rotating over the warps
-// step by step so that no warp lags), reading the label and that one logit again (L1 / L2 hits:
-// the owning threads loaded them a step before). ~0.6 instructions an element.
-//
-// Makes a column's words opaque to the compiler, so that it holds them in registers instead of
-// recomputing them from the class counts every step (it did: ~25 instructions a step, 1.5 an
-// element, once the correcting warp's state raised the register pressure).
-C10_DEVICE C10_ALWAYS_INLINE void pin(Bf16Column& c) {
-#pragma unroll
-  for (auto& word : c.selector) asm volatile("" : "+r"(word));
-}
-C10_DEVICE C10_ALWAYS_INLINE void pin(Column& c) {
-#pragma unroll
-  for (int j = 0; j < kWords; ++j) asm volatile("" : "+r"(c.keep[j]), "+r"(c.fill[j]));
-}
-
-constexpr int kFixSlotsPerLane = 2;  // a warp corrects up to 64 rows a step: tiles of <= 32 rows
-
-// kMinBlocks: fix_fwd leaves the registers free (71: 4 blocks of the 96-class tile's 192 threads an
-// SM, 24 warps); fix_fwd_occ caps them at 64 as the default forward has (5 blocks, 30 warps; 32
-// bytes of spills). SASS an element (bf16, 96 / 91 classes): 18.0 on every warp + ~0.6 for the
-// correcting warp's share, against the default's 20.4.
-template <class T, int kVec, int kMinBlocks>
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) rows_forward_fix_kernel(Problem p, ForwardTile tile, float* partials) {
-  __shared__ float scratch[kMaxThreads / C10_WARP_SIZE];
-  const Coefficients<float> w = coefficients_of<float>(p);
-  const int r = static_cast<int>(threadIdx.x) / tile.cols, k = static_cast<int>(threadIdx.x) % tile.cols;
-  auto c = any_column_of<T, kVec>(p, k);
-  pin(c);
-  const int64_t step = static_cast<int64_t>(gridDim.x) * tile.rows;
-  const int64_t block_row = static_cast<int64_t>(blockIdx.x) * tile.rows;
-  const int64_t row = r < tile.rows ? block_row + r : p.rows;
-  // Steps are block-uniform (the block's first row has the most rows), so the correcting warp
-  // always has one; a thread past its own rows loads nothing and adds nothing.
-  const int64_t count = row < p.rows ? (p.rows - 1 - row) / step + 1 : 0;
-  const int64_t steps = block_row < p.rows ? ((p.rows - 1 - block_row) / step + kRowsInFlight) / kRowsInFlight : 0;
-  const int64_t element_step = step * p.classes;
-  const char* logits = static_cast<const char*>(p.logits);
-  const T* values = static_cast<const T*>(p.logits);
-  const int warp = static_cast<int>(threadIdx.x) / C10_WARP_SIZE, lane = static_cast<int>(threadIdx.x) % C10_WARP_SIZE;
-  const int warps = static_cast<int>(blockDim.x) / C10_WARP_SIZE, slots = tile.rows * kRowsInFlight;
-  int64_t offset = row * p.classes + c.first;
-  const int64_t* label = p.labels + std::min(row, p.rows - 1);
-  const auto load = [&](RowPair& pair, int64_t done, int64_t at, const int64_t* l) {
-#pragma unroll
-    for (int i = 0; i < kRowsInFlight; ++i) {
-      const bool in = done + i < count;
-      pair.label[i] = in ? l[i * step] : kIgnored;
-      pair.raw[i] = make_uint4(0, 0, 0, 0);
-      if (in) pair.raw[i] = *reinterpret_cast<const uint4*>(logits + (at + i * element_step) * sizeof(T));
-    }
-  };
-  float all = 0, fix = 0;
-  RowPair pair;
-  load(pair, 0, offset, label);
-  int duty = 0;  // the warp that corrects this step's rows
-  // The lane's slots lane + 32 j of a step: row (slot % rows) of its pair (slot / rows), as the
-  // step's first row; p.rows (never a row) past the block's slots.
-  int64_t fix_row[kFixSlotsPerLane];
-#pragma unroll
-  for (int j = 0; j < kFixSlotsPerLane; ++j) {
-    const int slot = lane + j * C10_WARP_SIZE;
-    fix_row[j] = slot < slots ? block_row + slot % tile.rows + slot / tile.rows * step : p.rows;
-  }
-  for (int64_t s = 0; s < steps; ++s) {
-    RowPair next;
-    const int64_t done = s * kRowsInFlight;
-    load(next, done + kRowsInFlight, offset + kRowsInFlight * element_step, label + kRowsInFlight * step);
-#pragma unroll
-    for (int i = 0; i < kRowsInFlight; ++i) {
-      float x[kVec];
-      Softplus<float> sp[kVec];
-      masked_values<T, kVec>(pair.raw[i], c, x);
-      softplus_values</*kIsolate=*/false>(x, sp);
-      float sum = 0;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float loss = focal_terms<kGammaTwo, false>(x[e], sp[e], w.gamma, w.u).loss;
-        sum = e == 0 ? loss : sum + loss;
-      }
-      all += pair.label[i] != kIgnored ? sum : 0.0f;  // a select: an ignored row's logits may be anything
-    }
-    if (warp == duty) {
-#pragma unroll
-      for (int j = 0; j < kFixSlotsPerLane; ++j) {
-        const int64_t fixed = fix_row[j] + done * step;
-        const int64_t l = fixed < p.rows ? p.labels[fixed] : kIgnored;
-        if (l >= 0 && l < p.real_classes) {
-          const float xl = static_cast<float>(values[fixed * p.classes + l]);
-          const Softplus<float> sl = softplus_of(xl);
-          const float positive = focal_terms<kGammaTwo, false>(-xl, sl, w.gamma, w.u).loss;
-          const float negative = focal_terms<kGammaTwo, false>(xl, sl, w.gamma, w.u).loss;
-          fix += w.alpha * positive - (1.0f - w.alpha) * negative;
-        }
-      }
-    }
-    duty = duty + 1 == warps ? 0 : duty + 1;
-    pair = next;
-    offset += kRowsInFlight * element_step;
-    label += kRowsInFlight * step;
-  }
-  float sum = ((1.0f - w.alpha) * all + fix) * log_unit<float>();
-  sum = cuda::block_reduce(sum, Add<float>{}, 0.0f, scratch);
-  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
-}
-
-// The A/B switch, read once: APEX_FOCAL_VARIANT=fix_fwd / fix_fwd_occ send the 16-bit rows forward
-// to rows_forward_fix_kernel (kMinBlocks 1 / 4). Removing it: drop this and its one use in
-// forward_launch_with.
-enum class FixForward { kOff, kFree, kOccupancy };
-FixForward fix_forward_variant() {
-  static const FixForward variant = [] {
-    const char* v = std::getenv("APEX_FOCAL_VARIANT");
-    if (v != nullptr && std::strcmp(v, "fix_fwd") == 0) return FixForward::kFree;
-    if (v != nullptr && std::strcmp(v, "fix_fwd_occ") == 0) return FixForward::kOccupancy;
-    return FixForward::kOff;
-  }();
-  return variant;
-}
-
 // Blocks of kMaxThreads a SM holds: caps the backward at 85 registers (it takes ~94 unbounded), so
 // that four of its 192-thread blocks (24 warps, as the general backward) stay resident.
 constexpr int kRowsBackwardBlocks = 3;
@@ -728,13 +599,7 @@ ForwardLaunch<T> forward_launch_with(const Problem& p, const Cuda& device) {
     if (rows_apply(p, real_packs<kVec>(p))) {
       const Tile t = cuda::block_tile(real_packs<kVec>(p), kMaxThreads);
       const int threads = cuda::whole_warps(t.cols * t.rows);
-      ForwardKernel<T> kernel = rows_forward_kernel<T, kVec, kGammaTwo>;
-      if constexpr (sizeof(T) == 2) {
-        if (fix_forward_variant() != FixForward::kOff && t.rows * kRowsInFlight <= kFixSlotsPerLane * kWarp) {
-          kernel = fix_forward_variant() == FixForward::kFree ? rows_forward_fix_kernel<T, kVec, 1>
-                                                               : rows_forward_fix_kernel<T, kVec, 4>;
-        }
-      }
+      const ForwardKernel<T> kernel = rows_forward_kernel<T, kVec, kGammaTwo>;
       return {kernel, ForwardTile{t.cols, t.rows, 0},
               blocks_for(p, t.rows, threads, reinterpret_cast<const void*>(kernel), device),
               static_cast<unsigned>(threads)};

@@ -58,12 +58,11 @@ def check(logits, targets, num_positives, real_classes, alpha=0.25, gamma=2.0, s
 @pytest.mark.parametrize("anchors", [5, 1037, 40000])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_16_bit_positive_in_every_place(device, dtype, classes, real, anchors, smoothing):
-    # A forward that computes every class as a negative and corrects each row's positive element
-    # once, by a warp that takes all the rows of a block's step (one or two a lane): positives in
-    # the first real class, the last (in the padded pack where there is one) and anywhere else,
-    # padding labels (>= real: no positive), ignored and background rows; fewer rows than one
-    # block's step, a partial last step, and many steps a block (the correcting warp rotates).
-    # 64 classes: a block step of 64 rows (two a lane); 72: 9 packs a row, the last with one class.
+    # The 16-bit rows kernels pick each element's positive term by comparing its class with the
+    # row's label: positives in the first real class, the last (in the padded pack where there is
+    # one) and anywhere else, padding labels (>= real: no positive), ignored and background rows;
+    # fewer rows than one block's step, a partial last step, and many steps a block.
+    # 64 classes: no padded pack; 72: 9 packs a row, the last with one class.
     logits, _, _ = make((anchors,), classes, dtype, device)
     targets = torch.randint(0, real, (anchors,))
     targets[0::6] = 0
