@@ -53,6 +53,29 @@ def check(logits, targets, num_positives, real_classes, alpha=0.25, gamma=2.0, s
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("classes,real", [(96, 91), (64, 64), (72, 65)])
+@pytest.mark.parametrize("anchors", [5, 1037, 40000])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_16_bit_positive_in_every_place(device, dtype, classes, real, anchors, smoothing):
+    # The 16-bit rows kernels pick each element's positive term by comparing its class with the
+    # row's label: positives in the first real class, the last (in the padded pack where there is
+    # one) and anywhere else, padding labels (>= real: no positive), ignored and background rows;
+    # fewer rows than one block's step, a partial last step, and many steps a block.
+    # 64 classes: no padded pack; 72: 9 packs a row, the last with one class.
+    logits, _, _ = make((anchors,), classes, dtype, device)
+    targets = torch.randint(0, real, (anchors,))
+    targets[0::6] = 0
+    targets[1::6] = real - 1
+    targets[2::6] = -2
+    targets[3::6] = real if real < classes else -1
+    targets[4::6] = -1
+    targets = targets.to(device)
+    num_positives = ((targets >= 0) & (targets < real)).sum().float().clamp(min=1).reshape(1)
+    check(logits, targets, num_positives, real, smoothing=smoothing)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,classes,real", [((1,), 1, 1), ((7,), 5, 5), ((3, 40), 96, 91), ((513,), 8, 8),
                                                  ((2, 3, 17), 33, 30)])
