@@ -30,8 +30,6 @@
 // sum per range, which join_kernel adds up in range order. Rows with an invalid index sort last
 // (their key is `sources`) and get NaN rows.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
 #include "apex/acc_type.h"
@@ -263,32 +261,6 @@ __global__ void __launch_bounds__(kThreads) keys_kernel(const int64_t* index, in
   }
 }
 
-// The keys16 variant's keys_kernel: the source (`sources` for an invalid index) and the row, apart.
-__global__ void __launch_bounds__(kThreads) pairs16_kernel(const int64_t* index, int64_t rows, int64_t sources,
-                                                            SortedPairs out) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < rows; row += step) {
-    int64_t source = index[row];
-    if (source < 0) source += sources;
-    const bool valid = source >= 0 && source < sources;
-    out.sources[row] = static_cast<uint16_t>(valid ? source : sources);
-    out.rows[row] = static_cast<uint32_t>(row);
-  }
-}
-
-// The sorted order as the walk reads it: the 64-bit keys, or (keys16 variant) the sorted pairs,
-// joined into the same key at each read.
-struct Sorted {
-  const uint64_t* keys;  // null: the pairs
-  SortedPairs pairs;
-  Keys layout;
-
-  C10_DEVICE C10_ALWAYS_INLINE uint64_t operator[](int64_t position) const {
-    if (keys != nullptr) return keys[position];
-    return layout.make(pairs.sources[position], pairs.rows[position]);
-  }
-};
-
 // ---- backward passes: the reducing walk -----------------------------------------------------------
 
 // How segment_kernel cuts the sorted order: ranges of `range` positions (a warp's work; the last
@@ -318,45 +290,6 @@ constexpr int kSegmentBlocksPerSm = 5;
 template <Pass kPass, class T>
 constexpr int kRowsInFlight = sizeof(T) < 4 ? (kPass == Pass::kDoubleBackward ? 1 : 2)
                                             : (kPass == Pass::kDoubleBackward ? 2 : 4);
-// The deep variant (APEX_INDEX_MUL_VARIANT=deep): the walk is latency-bound (ncu, session 30: 72% of
-// stalls on long_scoreboard at 30% occupancy), so twice the rows in flight, at the same register cap:
-// rows held as the bits they were loaded as (a 16-bit pack in 4 words, where AlignedVector<BFloat16, 8>
-// takes a register an element), and read / written with evict-first hints (each row once).
-template <Pass kPass, class T>
-constexpr int kDeepRowsInFlight = 2 * kRowsInFlight<kPass, T>;
-constexpr int kDeepSegmentBlocksPerSm = 4;
-
-// A pack as the walk holds it between its load and its use: the deep variant's raw bits, or the
-// default walk's AlignedVector.
-template <bool kDeep, class T, int kVec>
-using Held = std::conditional_t<kDeep, Raw<T, kVec>, AlignedVector<T, kVec>>;
-
-template <bool kDeep, int kVec, class T>
-C10_DEVICE C10_ALWAYS_INLINE Held<kDeep, T, kVec> load_held(const T* base, int64_t offset) {
-  if constexpr (kDeep) {
-    return load_raw_once<kVec>(base, offset);
-  } else {
-    return load_vector<kVec>(base, offset);
-  }
-}
-
-template <bool kDeep, class Acc, class T, int kVec>
-C10_DEVICE C10_ALWAYS_INLINE Values<Acc, kVec> values_of(const Held<kDeep, T, kVec>& held) {
-  if constexpr (kDeep) {
-    return unpack<Acc, T, kVec>(held);
-  } else {
-    return convert<Acc>(held);
-  }
-}
-
-template <bool kDeep, int kVec, class T, class Acc>
-C10_DEVICE C10_ALWAYS_INLINE void store_row(T* base, int64_t offset, const Values<Acc, kVec>& values) {
-  if constexpr (kDeep) {
-    store_once<kVec>(base, offset, values);
-  } else {
-    store<kVec>(base, offset, values);
-  }
-}
 
 // The first position in (p, n] whose key's source is not `source` (positions p.. of at[] hold
 // sorted keys; at[n] is the range's next key).
@@ -387,11 +320,11 @@ C10_DEVICE C10_ALWAYS_INLINE Values<Acc, kVec> sum_over_groups(Values<Acc, kVec>
 
 // Positions [p, q) of the staged keys `at` are rows of one valid source: writes their row-wise
 // gradients, and their sum into grad_in1[source] (partial == null) or into the range's partial.
-template <class T, int kVec, Pass kPass, bool kDeep>
+template <class T, int kVec, Pass kPass>
 C10_DEVICE void reduce_piece(const Args& args, Keys keys, int lanes, const uint64_t* at, int p, int q, int64_t source,
                              acc_type<T>* partial) {
   using Acc = acc_type<T>;
-  constexpr int kBatch = kDeep ? kDeepRowsInFlight<kPass, T> : kRowsInFlight<kPass, T>;
+  constexpr int kBatch = kRowsInFlight<kPass, T>;
   const T* in1 = static_cast<const T*>(args.in1);
   const T* in2 = static_cast<const T*>(args.in2);
   const T* grad_out = static_cast<const T*>(args.grad_out);
@@ -416,7 +349,7 @@ C10_DEVICE void reduce_piece(const Args& args, Keys keys, int lanes, const uint6
     for (int base = p; base < q; base += groups * kBatch) {
       int64_t at_row[kBatch];
       bool has[kBatch];
-      Held<kDeep, T, kVec> g[kBatch], y[kBatch];
+      AlignedVector<T, kVec> g[kBatch], y[kBatch];
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int position = base + i * groups + group;
@@ -426,16 +359,16 @@ C10_DEVICE void reduce_piece(const Args& args, Keys keys, int lanes, const uint6
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         if (!has[i]) continue;
-        g[i] = load_held<kDeep, kVec>(grad_out, at_row[i]);
-        y[i] = load_held<kDeep, kVec>(in2, at_row[i]);
+        g[i] = load_vector<kVec>(grad_out, at_row[i]);
+        y[i] = load_vector<kVec>(in2, at_row[i]);
       }
       if constexpr (kPass == Pass::kBackward) {
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           if (!has[i]) continue;
-          const Values<Acc, kVec> gi = values_of<kDeep, Acc, T, kVec>(g[i]);
-          store_row<kDeep, kVec>(out, at_row[i], mul(gi, x1));             // grad_in2 = grad_out * in1[s]
-          add_product(sum, gi, values_of<kDeep, Acc, T, kVec>(y[i]));      // grad_in1[s] += grad_out * in2
+          const Values<Acc, kVec> gi = convert<Acc>(g[i]);
+          store<kVec>(out, at_row[i], mul(gi, x1));             // grad_in2 = grad_out * in1[s]
+          add_product(sum, gi, convert<Acc>(y[i]));             // grad_in1[s] += grad_out * in2
         }
       } else {
         Values<Acc, kVec> h2[kBatch];
@@ -444,9 +377,9 @@ C10_DEVICE void reduce_piece(const Args& args, Keys keys, int lanes, const uint6
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           if (!has[i]) continue;
-          const Values<Acc, kVec> gi = values_of<kDeep, Acc, T, kVec>(g[i]);
-          store_row<kDeep, kVec>(out, at_row[i], mul_add(h1, values_of<kDeep, Acc, T, kVec>(y[i]), x1, h2[i]));
-          store_row<kDeep, kVec>(out2, at_row[i], mul(h1, gi));                                // grad_in2
+          const Values<Acc, kVec> gi = convert<Acc>(g[i]);
+          store<kVec>(out, at_row[i], mul_add(h1, convert<Acc>(y[i]), x1, h2[i]));  // grad_grad_out
+          store<kVec>(out2, at_row[i], mul(h1, gi));                                // grad_in2
           add_product(sum, h2[i], gi);                                              // grad_in1[s]
         }
       }
@@ -482,7 +415,7 @@ C10_DEVICE void write_invalid_rows(const Args& args, Keys keys, int lanes, const
 // i in [-1, end - begin] (kNoKey outside the order). A piece whose source began before the range is
 // its "continuing" partial (slot 2 * range), one whose source goes on past it its "opening" partial
 // (slot 2 * range + 1); a source that does both is continuing.
-template <class T, int kVec, Pass kPass, bool kDeep>
+template <class T, int kVec, Pass kPass>
 C10_DEVICE void walk_range(const Args& args, Keys keys, const Walk& walk, const uint64_t* at, int64_t begin,
                            int64_t end, acc_type<T>* partials) {
   const int n = static_cast<int>(end - begin);
@@ -499,15 +432,15 @@ C10_DEVICE void walk_range(const Args& args, Keys keys, const Walk& walk, const 
       acc_type<T>* partial = continuing ? partials + 2 * range * args.features
                              : opening  ? partials + (2 * range + 1) * args.features
                                         : nullptr;
-      reduce_piece<T, kVec, kPass, kDeep>(args, keys, walk.lanes, at, p, q, static_cast<int64_t>(source), partial);
+      reduce_piece<T, kVec, kPass>(args, keys, walk.lanes, at, p, q, static_cast<int64_t>(source), partial);
     }
     p = q;
   }
 }
 
-template <class T, int kVec, Pass kPass, bool kDeep>
-__global__ void __launch_bounds__(kSegmentThreads, kDeep ? kDeepSegmentBlocksPerSm : kSegmentBlocksPerSm)
-    segment_kernel(Args args, Sorted sorted, Keys keys, Walk walk, acc_type<T>* partials) {
+template <class T, int kVec, Pass kPass>
+__global__ void __launch_bounds__(kSegmentThreads, kSegmentBlocksPerSm)
+    segment_kernel(Args args, const uint64_t* sorted, Keys keys, Walk walk, acc_type<T>* partials) {
   // The block's kSegmentWarps ranges of keys, with the key before them and the one after.
   __shared__ uint64_t staged[kSegmentWarps * kMaxRange + 2];
   const int warp = static_cast<int>(threadIdx.x) / C10_WARP_SIZE;
@@ -522,7 +455,7 @@ __global__ void __launch_bounds__(kSegmentThreads, kDeep ? kDeepSegmentBlocksPer
     __syncthreads();
     const int64_t begin = first + warp * walk.range;
     if (begin < last) {
-      walk_range<T, kVec, kPass, kDeep>(args, keys, walk, staged + (begin - first) + 1, begin,
+      walk_range<T, kVec, kPass>(args, keys, walk, staged + (begin - first) + 1, begin,
                                  std::min(begin + walk.range, last), partials);
     }
   }
@@ -531,7 +464,7 @@ __global__ void __launch_bounds__(kSegmentThreads, kDeep ? kDeepSegmentBlocksPer
 // grad_in1 of each source that crosses a range boundary: its opening partial plus the continuing
 // partials of the ranges after it, in range order. A warp per range that opens one.
 template <class T>
-__global__ void __launch_bounds__(kThreads) join_kernel(Args args, Sorted sorted, Keys keys, Walk walk,
+__global__ void __launch_bounds__(kThreads) join_kernel(Args args, const uint64_t* sorted, Keys keys, Walk walk,
                                                          const acc_type<T>* partials) {
   using Acc = acc_type<T>;
   const int lane = static_cast<int>(threadIdx.x) % C10_WARP_SIZE;
@@ -571,34 +504,8 @@ Walk plan_walk(const Args& args, int kVec, int64_t resident_warps) {
   return {range, (args.rows + range - 1) / range, lanes};
 }
 
-// The A/B switch of session 31 (gpu_ab/index_mul/README.md), read once: APEX_INDEX_MUL_VARIANT =
-// keys16 (the sort as 16-bit sources carrying 32-bit rows), deep (the walk's rows in flight doubled)
-// or keys16_deep; anything else, the default kernels.
-struct Variant {
-  bool keys16 = false;
-  bool deep = false;
-};
-
-const Variant& variant() {
-  static const Variant chosen = [] {
-    const char* name = std::getenv("APEX_INDEX_MUL_VARIANT");
-    Variant v;
-    if (name != nullptr) {
-      v.keys16 = std::strcmp(name, "keys16") == 0 || std::strcmp(name, "keys16_deep") == 0;
-      v.deep = std::strcmp(name, "deep") == 0 || std::strcmp(name, "keys16_deep") == 0;
-    }
-    return v;
-  }();
-  return chosen;
-}
-
-// The keys16 sort holds a source in 16 bits, `sources` (the invalid rows' key) included, and a row
-// in 32.
-constexpr int64_t kMaxPairs16Sources = std::numeric_limits<uint16_t>::max();
-constexpr int64_t kMaxPairs16Rows = int64_t{1} << 32;
-
-template <class T, int kVec, Pass kPass, bool kDeep>
-void backward_walk(const Cuda& device, const Args& args, const Scratch& scratch) {
+template <class T, int kVec, Pass kPass>
+void backward(const Cuda& device, const Args& args, const Scratch& scratch) {
   using Acc = acc_type<T>;
   const cudaStream_t stream = cuda::stream(device);
   const Keys keys{bit_width(static_cast<uint64_t>(args.rows - 1))};
@@ -608,58 +515,31 @@ void backward_walk(const Cuda& device, const Args& args, const Scratch& scratch)
   if (end_bit > 63) {  // kNoKey needs a spare top bit; ~2^63 rows x sources of memory would come first
     throw std::runtime_error("index_mul_2d: rows x sources too large to sort (more than 2^63)");
   }
-  const auto kernel = segment_kernel<T, kVec, kPass, kDeep>;
+  const auto kernel = segment_kernel<T, kVec, kPass>;
   const int64_t resident_blocks = static_cast<int64_t>(cuda::sm_count(device.device)) *
                                   cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kSegmentThreads, 0,
                                                                device.device);
   const Walk walk = plan_walk(args, kVec, resident_blocks * kSegmentWarps);
 
+  const size_t key_bytes = aligned_bytes(static_cast<size_t>(args.rows) * sizeof(uint64_t));
   const size_t partial_bytes = aligned_bytes(static_cast<size_t>(2 * walk.ranges * args.features) * sizeof(Acc));
-  const size_t rows = static_cast<size_t>(args.rows);
+  const size_t sort_bytes = sort_scratch_bytes(args.rows, begin_bit, end_bit);
+  char* memory = static_cast<char*>(scratch(2 * key_bytes + partial_bytes + sort_bytes));
+  uint64_t* unsorted = reinterpret_cast<uint64_t*>(memory);
+  uint64_t* spare = reinterpret_cast<uint64_t*>(memory + key_bytes);
+  Acc* partials = reinterpret_cast<Acc*>(memory + 2 * key_bytes);
+  void* sort_scratch = memory + 2 * key_bytes + partial_bytes;
+
   constexpr int kKeyBlocksPerSm = 8;
-  const unsigned key_blocks = cuda::grid_size(args.rows, kThreads, kKeyBlocksPerSm, device);
-  Sorted sorted{nullptr, {nullptr, nullptr}, keys};
-  Acc* partials = nullptr;
-  if (variant().keys16 && args.sources <= kMaxPairs16Sources && args.rows <= kMaxPairs16Rows) {
-    const int pair_end_bit = end_bit - begin_bit;
-    const size_t source_bytes = aligned_bytes(rows * sizeof(uint16_t));
-    const size_t row_bytes = aligned_bytes(rows * sizeof(uint32_t));
-    const size_t sort_bytes = sort_pairs16_scratch_bytes(args.rows, pair_end_bit);
-    char* memory = static_cast<char*>(scratch(2 * (source_bytes + row_bytes) + partial_bytes + sort_bytes));
-    const SortedPairs unsorted{reinterpret_cast<uint16_t*>(memory),
-                               reinterpret_cast<uint32_t*>(memory + source_bytes)};
-    char* rest = memory + source_bytes + row_bytes;
-    const SortedPairs spare{reinterpret_cast<uint16_t*>(rest), reinterpret_cast<uint32_t*>(rest + source_bytes)};
-    rest += source_bytes + row_bytes;
-    partials = reinterpret_cast<Acc*>(rest);
-    pairs16_kernel<<<key_blocks, kThreads, 0, stream>>>(args.index, args.rows, args.sources, unsorted);
-    sorted.pairs = sort_pairs16(device, unsorted, spare, args.rows, pair_end_bit, rest + partial_bytes, sort_bytes);
-  } else {
-    const size_t key_bytes = aligned_bytes(rows * sizeof(uint64_t));
-    const size_t sort_bytes = sort_scratch_bytes(args.rows, begin_bit, end_bit);
-    char* memory = static_cast<char*>(scratch(2 * key_bytes + partial_bytes + sort_bytes));
-    uint64_t* unsorted = reinterpret_cast<uint64_t*>(memory);
-    uint64_t* spare = reinterpret_cast<uint64_t*>(memory + key_bytes);
-    partials = reinterpret_cast<Acc*>(memory + 2 * key_bytes);
-    keys_kernel<<<key_blocks, kThreads, 0, stream>>>(args.index, args.rows, args.sources, keys, unsorted);
-    sorted.keys = sort_keys(device, unsorted, spare, args.rows, begin_bit, end_bit, memory + 2 * key_bytes + partial_bytes,
-                            sort_bytes);
-  }
+  keys_kernel<<<cuda::grid_size(args.rows, kThreads, kKeyBlocksPerSm, device), kThreads, 0, stream>>>(
+      args.index, args.rows, args.sources, keys, unsorted);
+  const uint64_t* sorted = sort_keys(device, unsorted, spare, args.rows, begin_bit, end_bit, sort_scratch, sort_bytes);
   const int64_t block_ranges = (walk.ranges + kSegmentWarps - 1) / kSegmentWarps;
   kernel<<<static_cast<unsigned>(std::min(block_ranges, resident_blocks)), kSegmentThreads, 0, stream>>>(
       args, sorted, keys, walk, partials);
   constexpr int kJoinBlocksPerSm = 8;
   join_kernel<T><<<cuda::grid_size(walk.ranges, kWarps, kJoinBlocksPerSm, device), kThreads, 0, stream>>>(
       args, sorted, keys, walk, partials);
-}
-
-template <class T, int kVec, Pass kPass>
-void backward(const Cuda& device, const Args& args, const Scratch& scratch) {
-  if (variant().deep) {
-    backward_walk<T, kVec, kPass, true>(device, args, scratch);
-  } else {
-    backward_walk<T, kVec, kPass, false>(device, args, scratch);
-  }
 }
 
 }  // namespace

@@ -33,23 +33,4 @@ uint64_t* sort_keys(const Cuda& device, uint64_t* keys, uint64_t* spare, int64_t
   return buffers.Current();
 }
 
-size_t sort_pairs16_scratch_bytes(int64_t count, int end_bit) {
-  sorting::DoubleBuffer<uint16_t> keys(nullptr, nullptr);
-  sorting::DoubleBuffer<uint32_t> values(nullptr, nullptr);
-  size_t bytes = 0;
-  cuda::check(sorting::DeviceRadixSort::SortPairs(nullptr, bytes, keys, values, count, 0, end_bit),
-              "index_mul_2d: sizing the index sort");
-  return bytes;
-}
-
-SortedPairs sort_pairs16(const Cuda& device, SortedPairs pairs, SortedPairs spare, int64_t count, int end_bit,
-                         void* scratch, size_t scratch_bytes) {
-  sorting::DoubleBuffer<uint16_t> keys(pairs.sources, spare.sources);
-  sorting::DoubleBuffer<uint32_t> values(pairs.rows, spare.rows);
-  cuda::check(sorting::DeviceRadixSort::SortPairs(scratch, scratch_bytes, keys, values, count, 0, end_bit,
-                                                  cuda::stream(device)),
-              "index_mul_2d: sorting the index");
-  return {keys.Current(), values.Current()};
-}
-
 }  // namespace apex::index_mul_2d

@@ -18,16 +18,4 @@ size_t sort_scratch_bytes(int64_t count, int begin_bit, int end_bit);
 uint64_t* sort_keys(const Cuda& device, uint64_t* keys, uint64_t* spare, int64_t count, int begin_bit, int end_bit,
                     void* scratch, size_t scratch_bytes);
 
-// APEX_INDEX_MUL_VARIANT=keys16 (gpu_ab/index_mul/README.md): the same stable order for fewer than
-// 2^16 sources and 2^32 rows, as 16-bit sources (the keys, bits [0, end_bit)) carrying 32-bit rows
-// (the values): 6 bytes an item per radix pass where the 64-bit keys move 8, and a quarter of the
-// histogram pass's reads. Returns where the sorted pairs are (each buffer pair's current half).
-struct SortedPairs {
-  uint16_t* sources;
-  uint32_t* rows;
-};
-size_t sort_pairs16_scratch_bytes(int64_t count, int end_bit);
-SortedPairs sort_pairs16(const Cuda& device, SortedPairs pairs, SortedPairs spare, int64_t count, int end_bit,
-                         void* scratch, size_t scratch_bytes);
-
 }  // namespace apex::index_mul_2d
