@@ -12,9 +12,11 @@ reducing them (csrc/index_mul_2d/index_mul_2d_cuda.cu), ~56 more bytes an edge (
 a histogram read and two radix passes for up to 65536 nodes, the keys re-read), 14 % on top of the
 392 bytes an edge of the bf16 backward at F = 64 (7 % at fp32).
 
-    python benchmarks/contrib/bench_index_mul_2d.py
+    python benchmarks/contrib/bench_index_mul_2d.py [--impls apex torch torch.compile] [--dtypes bf16 fp32]
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 
@@ -31,9 +33,15 @@ def torch_index_mul(in1, in2, idx):
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--impls", nargs="+", default=["apex", "torch", "torch.compile"],
+                        choices=["apex", "torch", "torch.compile"])
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    args = parser.parse_args()
     require_gpu(__file__)
     table = new_table(f"index_mul_2d, {NODES} nodes, {EDGES} edges, {FEATURES} features")
-    for name, dtype in DTYPES.items():
+    for name in args.dtypes:
+        dtype = DTYPES[name]
         in1 = torch.randn(NODES, FEATURES, device="cuda", dtype=dtype, requires_grad=True)
         in2 = torch.randn(EDGES, FEATURES, device="cuda", dtype=dtype, requires_grad=True)
         idx = torch.randint(0, NODES, (EDGES,), device="cuda")
@@ -41,7 +49,9 @@ def main() -> None:
         index_bytes = idx.numel() * idx.element_size()
         forward = 2 * edge_bytes + node_bytes + index_bytes
         backward = 3 * edge_bytes + 2 * node_bytes + index_bytes
-        impls = {"apex": index_mul_2d, "torch": torch_index_mul, "torch.compile": compiled(torch_index_mul)}
+        makers = {"apex": lambda: index_mul_2d, "torch": lambda: torch_index_mul,
+                  "torch.compile": lambda: compiled(torch_index_mul)}
+        impls = {impl: makers[impl]() for impl in args.impls}
         compare(table, name, impls, (in1, in2, idx), forward, forward + backward)
     table.print()
 

@@ -326,6 +326,71 @@ def test_backward_is_deterministic(device, dtype):
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+# ---- the walk's batches of rows in flight (kRowsInFlight) and the sort's source bits: pieces of every
+# length around a batch, source counts whose keys (`sources` included) just fit 16 bits or need 17 ------
+
+def assert_same_bits(actual, expected):
+    """Bit for bit, NaN rows included (torch.equal is False on NaN: the invalid rows of grad_in2)."""
+    as_int = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[actual.element_size()]
+    assert actual.dtype == expected.dtype and torch.equal(actual.view(as_int), expected.view(as_int))
+
+
+def counted_index(counts, seed):
+    """Shuffled rows, counts[s] of them into source s (0 rows: a source the walk never sees)."""
+    generator = torch.Generator().manual_seed(seed)
+    idx = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    return idx[torch.randperm(len(idx), generator=generator)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,features", [(torch.bfloat16, 64), (torch.float32, 64), (torch.float64, 64),
+                                            (torch.bfloat16, 24), (torch.float32, 5)])
+def test_backward_piece_lengths(device, dtype, features):
+    # Source s gets s % 70 rows (0 to 69: every piece length around 1, 2 and 3 batches of every group
+    # of lanes, and sources with none), plus one source over several warps' and blocks' ranges; the
+    # double backward too; the same bits twice.
+    counts = [s % 70 for s in range(300)] + [3000]
+    sources, rows = len(counts), sum(counts)
+    in1, in2, _ = make(sources, rows, features, dtype, device)
+    idx = counted_index(counts, features).to(device)
+    grad_out = torch.randn(rows, features, dtype=torch.float64).to(dtype).to(device)
+    check_backward(grad_out, in1, in2, idx, dtype, 3000 ** 0.5)
+    first = ops("fused_index_mul_2d").index_mul_2d_backward(grad_out, in1, in2, idx)
+    again = ops("fused_index_mul_2d").index_mul_2d_backward(grad_out, in1, in2, idx)
+    for a, b in zip(first, again):
+        assert_same_bits(a, b)
+    gg1, gg2 = torch.randn_like(in1), torch.randn_like(in2)
+    outputs = ops("fused_index_mul_2d").index_mul_2d_backward_backward(gg1, gg2, grad_out, in1, in2, idx)
+    for actual, expected, scale in zip(outputs, expected_backward(in1, in2, idx, grad_out, gg1, gg2),
+                                       (2.0, 3000 ** 0.5, 1.0)):
+        assert_close_nan(actual, expected, dtype, scale=scale)
+    again = ops("fused_index_mul_2d").index_mul_2d_backward_backward(gg1, gg2, grad_out, in1, in2, idx)
+    for a, b in zip(outputs, again):
+        assert_same_bits(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sources", [65_534, 65_535, 65_536])  # keys up to `sources`: 16 bits, then 17
+def test_backward_sources_at_16_bits(dtype, sources):
+    # The highest valid source and the invalid rows' key (`sources`) where the sort's source bits go
+    # from 16 (2 radix passes) to 17 (3). Invalid rows of grad_in2 are NaN in the op and the reference.
+    rows, features = 150_000, 8
+    in1, in2, _ = make(sources, rows, features, dtype, "cuda")
+    idx = index_pattern("with_invalid", sources, rows)
+    idx[1::13] = sources - 1
+    idx[2::17] = -1
+    idx = idx.cuda()
+    grad_out = torch.randn_like(in2)
+    valid = idx[(idx >= -sources) & (idx < sources)].cpu() % sources
+    repeats = float(torch.bincount(valid, minlength=sources).max())
+    check_backward(grad_out, in1, in2, idx, dtype, repeats ** 0.5)
+    first = ops("fused_index_mul_2d").index_mul_2d_backward(grad_out, in1, in2, idx)
+    again = ops("fused_index_mul_2d").index_mul_2d_backward(grad_out, in1, in2, idx)
+    for a, b in zip(first, again):
+        assert_same_bits(a, b)
+
+
 # ---- the backward's walk over the sorted rows and the forward's several rows a thread: many sources,
 # one source across every range of the walk (joined in range order), long inputs ---------------------
 
