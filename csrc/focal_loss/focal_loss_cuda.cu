@@ -1,4 +1,4 @@
-// focal_loss: CUDA kernels, two families. Which cases take which (rows_apply() decides):
+// focal_loss: CUDA kernels, two families. Which cases take which (kHasRowsKernels, rows_apply()):
 // - the rows kernels (rows_forward_kernel, rows_backward_kernel): gamma 2, 16-bit or float logits
 //   in 16-byte packs (rows 16-byte aligned), rows of 1 to 256 packs. The common case (RetinaNet-like
 //   heads: 96 classes); see "The rows kernels" below for why they are built as they are.
@@ -583,17 +583,20 @@ struct ForwardLaunch {
   unsigned blocks, threads;
 };
 
-// The rows kernels: packed 16-bit or float logits, gamma 2 (kMaskedLogit's zeros need m = p^2), and
-// rows of `packs` packs that fit one block row. Every other case takes the general kernels.
+// The rows kernels exist for packed 16-bit or float logits; they take gamma 2 (kMaskedLogit's zeros
+// need m = p^2) and rows of `packs` packs that fit one block row. Every other case takes the general
+// kernels.
 template <class T, int kVec>
+constexpr bool kHasRowsKernels = kVec > 1 && sizeof(T) <= sizeof(float);
+
 bool rows_apply(const Problem& p, int64_t packs) {
-  return kVec > 1 && sizeof(T) <= sizeof(float) && p.gamma == 2.0 && packs > 0 && packs <= kMaxThreads;
+  return p.gamma == 2.0 && packs > 0 && packs <= kMaxThreads;
 }
 
 template <class T, int kVec>
 ForwardLaunch<T> forward_launch_with(const Problem& p, const Cuda& device) {
-  if constexpr (kVec > 1 && sizeof(T) <= sizeof(float)) {
-    if (rows_apply<T, kVec>(p, real_packs<kVec>(p))) {
+  if constexpr (kHasRowsKernels<T, kVec>) {
+    if (rows_apply(p, real_packs<kVec>(p))) {
       const Tile t = cuda::block_tile(real_packs<kVec>(p), kMaxThreads);
       const int threads = cuda::whole_warps(t.cols * t.rows);
       const ForwardKernel<T> kernel = rows_forward_kernel<T, kVec, kGammaTwo>;
@@ -621,8 +624,8 @@ template <class T, int kVec>
 void launch_backward(const Problem& p, const acc_type<T>* grad_loss, T* grad, const Cuda& device) {
   const Tile tile = cuda::block_tile(p.classes / kVec, kMaxThreads);
   const int threads = cuda::whole_warps(tile.cols * tile.rows);
-  if constexpr (kVec > 1 && sizeof(T) <= sizeof(float)) {
-    if (rows_apply<T, kVec>(p, p.classes / kVec)) {
+  if constexpr (kHasRowsKernels<T, kVec>) {
+    if (rows_apply(p, p.classes / kVec)) {
       const auto kernel = rows_backward_kernel<T, kVec, kGammaTwo>;
       const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
       kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);

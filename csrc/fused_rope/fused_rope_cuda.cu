@@ -412,8 +412,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) rope_kernel(cons
   // kernel finishes, so it waits for that kernel before touching memory, and lets the next kernel's
   // blocks take SMs as its own retire (its one wave ends unevenly; back to back, as RoPE runs on q
   // then k, the next call's start-up then overlaps this call's tail).
-  cuda::wait_for_prerequisite_grid();
-  cuda::allow_dependent_launch();
+  cuda::start_dependent_kernel();
   const UnitMap& map = plan.map;
   const int64_t tokens = a.outer0 * a.outer1;
   const int h_begin = static_cast<int>(blockIdx.y) * plan.heads_per_group;

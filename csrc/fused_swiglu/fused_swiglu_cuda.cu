@@ -131,10 +131,7 @@ __global__ void __launch_bounds__(kThreads, kMinBackwardBlocksPerSm)
                     T* __restrict__ grad_x, acc_t<T>* __restrict__ partials, int64_t rows, int64_t half,
                     int64_t chunk_rows) {
   using Acc = acc_t<T>;
-  if constexpr (kDependent) {
-    cuda::wait_for_prerequisite_grid();
-    cuda::allow_dependent_launch();
-  }
+  if constexpr (kDependent) cuda::start_dependent_kernel();
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x) * kVec;
   const bool live = col < half;  // the bias-gradient fold below needs every thread of the block
   Pack<T, kVec> bias_gate, bias_up;
@@ -198,10 +195,7 @@ __global__ void __launch_bounds__(kThreads, kMinBackwardBlocksPerSm)
 template <class T, bool kDependent = false>
 __global__ void fold_bias_grad_kernel(const acc_t<T>* __restrict__ partials, T* __restrict__ grad_bias,
                                       int64_t chunks, int64_t width) {
-  if constexpr (kDependent) {
-    cuda::wait_for_prerequisite_grid();  // the partials of backward_kernel
-    cuda::allow_dependent_launch();
-  }
+  if constexpr (kDependent) cuda::start_dependent_kernel();  // after the partials of backward_kernel
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < width;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     acc_t<T> total = acc_t<T>(0);
@@ -243,19 +237,6 @@ dim3 grid_for(int64_t half, int64_t chunks) {
 constexpr int kFlatBlocksPerSm = 8;
 constexpr int kFlatBiasBackwardBlocksPerSm = 6;
 
-// A 16-byte vector store that is always a global one (store_vector's is generic).
-template <class T>
-C10_DEVICE C10_ALWAYS_INLINE void store_global(T* p, const AlignedVector<T, 8>& v) {
-#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
-  uint32_t w[4];
-  memcpy(w, &v, sizeof(w));
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-               : "memory");
-#else
-  store_vector<8>(p, 0, v);
-#endif
-}
-
 // The float values of a 16-bit pack plus (kBias) the bias pack's.
 template <bool kBias, class T>
 C10_DEVICE C10_ALWAYS_INLINE float with_bias(const AlignedVector<T, 8>& v, const AlignedVector<T, 8>& b, int k) {
@@ -271,8 +252,7 @@ C10_DEVICE C10_ALWAYS_INLINE float with_bias(const AlignedVector<T, 8>& v, const
 template <class T, bool kBias, class F>
 C10_DEVICE C10_ALWAYS_INLINE void for_each_flat_row(const T* bias, int64_t rows, int64_t half, F&& f) {
   static_assert(sizeof(T) == 2, "the one-shot kernels take 16-bit data");
-  cuda::wait_for_prerequisite_grid();
-  cuda::allow_dependent_launch();
+  cuda::start_dependent_kernel();
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x) * 8;
   if (col >= half) return;
   AlignedVector<T, 8> bias_gate, bias_up;
@@ -300,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, kFlatBlocksPerSm)
       out.value[k] = static_cast<T>(
           swiglu(with_bias<kBias>(gate, bias_gate, k), with_bias<kBias>(up, bias_up, k), FastSigmoid{}));
     }
-    store_global(y + r * half + col, out);
+    store_vector_global(y + r * half + col, out);
   });
 }
 
@@ -322,8 +302,8 @@ __global__ void __launch_bounds__(kThreads, kBias ? kFlatBiasBackwardBlocksPerSm
       d_gate.value[k] = static_cast<T>(d.gate);
       d_up.value[k] = static_cast<T>(d.up);
     }
-    store_global(grad_x + r * 2 * half + col, d_gate);
-    store_global(grad_x + r * 2 * half + half + col, d_up);
+    store_vector_global(grad_x + r * 2 * half + col, d_gate);
+    store_vector_global(grad_x + r * 2 * half + half + col, d_up);
   });
 }
 

@@ -181,7 +181,7 @@ struct RowSlice {
 template <typename T, typename W, int ITEMS, bool RMS, bool MEMORY_EFFICIENT, bool PREFETCH>
 __global__ void APEX_LN_MAX_REGISTERS((backward_registers<T, W, ITEMS, MEMORY_EFFICIENT, PREFETCH>()))
     backward_in_registers(BackwardParams<T, W> p) {
-  dependent_kernel_start();
+  cuda::start_dependent_kernel();
   using A = Acc<T>;
   using Slice = RowSlice<T, W, ITEMS>;
   constexpr int V = Slice::V;
@@ -548,7 +548,7 @@ __device__ void fold_pair(float4* accumulators, int region, int slots, bool want
 template <typename T, typename W, int ITEMS, bool RMS, bool PREFETCH, bool ROW_BARRIERS = false>
 __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>()))
     backward_fused(BackwardParams<T, W> p) {
-  dependent_kernel_start();
+  cuda::start_dependent_kernel();
   static_assert(std::is_same_v<Acc<T>, float>, "16-bit and float32 data");
   using Slice = RowSlice<T, W, ITEMS>;
   constexpr int V = Slice::V;
@@ -874,7 +874,7 @@ constexpr int kSumUnroll = 4;
 // (dgamma, then dbeta when both are wanted), all in one launch.
 template <typename A, typename W>
 __global__ void sum_partial_rows(const A* parts, int64_t num_parts, int cols, W* out0, W* out1) {
-  dependent_kernel_start();
+  cuda::start_dependent_kernel();
   const int c = blockIdx.x * kFoldColumns + threadIdx.x;
   const A* column_parts = parts + blockIdx.y * num_parts * cols + c;
   A totals[kSumUnroll] = {};
@@ -935,7 +935,7 @@ struct PersistentLaunch {
     if (p.pair_fold && launch_pairs(kernel, shared, threads, blocks)) return;
     p.pair_fold = false;
     allocate_parts(blocks);
-    launch_kernel(device, kernel, dim3(static_cast<unsigned>(blocks)), threads, shared, stream, p);
+    cuda::launch_dependent(device, kernel, dim3(static_cast<unsigned>(blocks)), threads, shared, stream, p);
   }
   // pair_fold (A/B, backward_variant; backward_fused only): the grid in clusters of 2 blocks, as many as
   // are resident at once, one partial row per cluster. False where there are no partial rows, fewer than
@@ -1129,8 +1129,8 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
     W* second = accumulators == 2 ? static_cast<W*>(a.grad_bias) : nullptr;
     const dim3 grid((a.cols + kFoldColumns - 1) / kFoldColumns, accumulators);
     const A* parts = want_dgamma ? p.dgamma_parts : p.dbeta_parts;
-    launch_kernel(device, sum_partial_rows<A, W>, grid, dim3(kFoldColumns, kFoldRows), 0, stream, parts,
-                  launch.num_parts, static_cast<int>(a.cols), first, second);
+    cuda::launch_dependent(device, sum_partial_rows<A, W>, grid, dim3(kFoldColumns, kFoldRows), 0, stream,
+                           parts, launch.num_parts, static_cast<int>(a.cols), first, second);
   }
   cuda::check_launch(a.rms ? "rms_norm_bwd" : "layer_norm_bwd");
 }

@@ -13,24 +13,11 @@
 namespace apex::layer_norm {
 
 // The forward, the register-resident backwards and sum_partial_rows start as programmatic dependent
-// launches: their blocks take SMs as the previous kernel's retire, instead of after a launch gap and a
-// ramp. On an H200 (session 30, bf16, against ordinary launches) the forward gained most at 32768x1024,
-// ~37 us a call, where the gap weighs most (LayerNorm 3671 -> 3823 GB/s, RMSNorm 3716 -> 3872) and
-// 1-3% at the other shapes; fwd+bwd moved -2% to +2% (benchmarks/normalization/NOTES.md). Each kernel
-// waits for its prerequisite grid before touching memory (dependent_kernel_start).
-template <class... Params, class... Args>
-void launch_kernel(const Cuda& device, void (*kernel)(Params...), dim3 grid, dim3 threads, size_t shared,
-                   cudaStream_t stream, Args&&... args) {
-  cuda::launch_dependent(device, kernel, grid, threads, shared, stream, std::forward<Args>(args)...);
-}
-
-// First statement of a kernel that launch_kernel starts: nothing before it touches global memory (the
-// previous kernel may still be running), and the next kernel's blocks may start as this kernel's
-// retire. Both are no-ops in an ordinary launch.
-__device__ __forceinline__ void dependent_kernel_start() {
-  cuda::wait_for_prerequisite_grid();
-  cuda::allow_dependent_launch();
-}
+// launches (cuda::launch_dependent, each kernel opening with cuda::start_dependent_kernel): their
+// blocks take SMs as the previous kernel's retire, instead of after a launch gap and a ramp. On an
+// H200 (session 30, bf16, against ordinary launches) the forward gained most at 32768x1024, ~37 us a
+// call, where the gap weighs most (LayerNorm 3671 -> 3823 GB/s, RMSNorm 3716 -> 3872) and 1-3% at the
+// other shapes; fwd+bwd moved -2% to +2% (benchmarks/normalization/NOTES.md).
 
 // Threads per block the launchers aim for: several blocks per SM, so one block's
 // reductions overlap another's loads.

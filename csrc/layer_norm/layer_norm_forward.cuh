@@ -321,7 +321,7 @@ template <typename T, typename W, int ITEMS, bool RMS>
 __global__ void APEX_LN_FWD_MAX_REGISTERS((vectorized_registers<T, ITEMS>()))
     forward_vectorized(ForwardParams<T, W> p) {
   static_assert(std::is_same_v<Acc<T>, float>, "float statistics");
-  dependent_kernel_start();
+  cuda::start_dependent_kernel();
   constexpr bool kPacked = sizeof(T) == 2;  // x kept as 16-bit words, not as floats
   constexpr int V = vector_width<T>();
   constexpr int kChunk = kWarp * V;  // elements between a thread's consecutive vectors
@@ -481,8 +481,8 @@ void forward_typed(const Cuda& device, const ForwardArgs& a) {
       dispatch_items(shape.items, [&](auto items) {
         constexpr int kItems = decltype(items)::value;
         if (whole_warps) {
-          launch_kernel(device, forward_vectorized<T, W, kItems, kRms>, dim3(static_cast<unsigned>(blocks)), block, 0,
-                        stream, p);
+          cuda::launch_dependent(device, forward_vectorized<T, W, kItems, kRms>, dim3(static_cast<unsigned>(blocks)),
+                                 block, 0, stream, p);
         } else {
           forward_in_registers<T, W, kItems, kRms><<<blocks, block, 0, stream>>>(p);
         }

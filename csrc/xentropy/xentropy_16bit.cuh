@@ -257,15 +257,6 @@ C10_DEVICE C10_ALWAYS_INLINE uint4 scaled_softmax_pack(uint4 in, float base, flo
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-C10_DEVICE C10_ALWAYS_INLINE void store_pack(uint4* p, uint4 v) {
-#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-#else
-  *p = v;
-#endif
-}
-
 template <class T>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) backward_kernel(BackwardArgs args) {
   const T* logits = static_cast<const T*>(args.logits.data);
@@ -304,7 +295,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) backward_kernel(
       for (int u = 0; u < kBackwardUnroll; ++u) loaded[u] = load_pack(in + p + static_cast<int64_t>(u) * lanes);
 #pragma unroll
       for (int u = 0; u < kBackwardUnroll; ++u) {
-        store_pack(body + p + static_cast<int64_t>(u) * lanes,
+        store_global_16(body + p + static_cast<int64_t>(u) * lanes,
                    scaled_softmax_pack<T>(loaded[u], base, g, terms.uniform));
       }
     }
@@ -317,7 +308,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) backward_kernel(
 #pragma unroll
       for (int u = 0; u < kBackwardUnroll; ++u) {
         if (p + u * lanes < packs) {
-          store_pack(body + p + static_cast<int64_t>(u) * lanes,
+          store_global_16(body + p + static_cast<int64_t>(u) * lanes,
                      scaled_softmax_pack<T>(loaded[u], base, g, terms.uniform));
         }
       }

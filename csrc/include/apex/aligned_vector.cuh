@@ -50,6 +50,32 @@ C10_DEVICE C10_ALWAYS_INLINE void store_vector(T* base, int64_t offset, const Al
   *reinterpret_cast<AlignedVector<T, N>*>(base + offset) = vector;
 }
 
+// 16 bytes stored by one st.global.v4.b32, for kernels whose output is known to be global memory
+// (store_vector's store is generic): the xentropy 16-bit backward's packs, the SwiGLU one-shot
+// kernels' vectors. `bits` are the 16 bytes as four words (uint4, CUDA's and HIP's vector type).
+template <class Bits>
+C10_DEVICE C10_ALWAYS_INLINE void store_global_16(void* p, const Bits& bits) {
+  static_assert(sizeof(Bits) == 16, "16 bytes");
+#if defined(__CUDA_ARCH__) && !defined(USE_ROCM)
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(bits.x), "r"(bits.y), "r"(bits.z),
+               "r"(bits.w)
+               : "memory");
+#else
+  memcpy(p, &bits, sizeof(bits));
+#endif
+}
+
+// A 16-byte vector through store_global_16.
+template <int N, typename T>
+C10_DEVICE C10_ALWAYS_INLINE void store_vector_global(T* p, const AlignedVector<T, N>& vector) {
+  struct Words {
+    uint32_t x, y, z, w;
+  } bits;
+  static_assert(sizeof(vector) == sizeof(bits), "16-byte vectors");
+  memcpy(&bits, &vector, sizeof(bits));
+  store_global_16(p, bits);
+}
+
 // A vector of N zeros (a pack written where there is nothing to compute).
 template <typename T, int N>
 C10_DEVICE C10_ALWAYS_INLINE AlignedVector<T, N> zeros() {

@@ -36,6 +36,13 @@ C10_DEVICE C10_ALWAYS_INLINE void wait_for_prerequisite_grid() {
 #endif
 }
 
+// Both, first thing in a kernel of a chain of dependent launches over each other's outputs: it
+// touches no memory before the previous grid has finished, and lets the next grid start at once.
+C10_DEVICE C10_ALWAYS_INLINE void start_dependent_kernel() {
+  wait_for_prerequisite_grid();
+  allow_dependent_launch();
+}
+
 // Whether `device` runs dependent launches (compute capability 9.0 or later).
 inline bool supports_dependent_launch(int device) {
 #if defined(USE_ROCM)

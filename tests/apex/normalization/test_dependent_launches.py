@@ -1,4 +1,4 @@
-"""The dependent launches (launch_kernel in csrc/layer_norm/layer_norm_cuda.cuh): the forward, the
+"""The dependent launches (cuda::launch_dependent in csrc/layer_norm): the forward, the
 register-resident backwards and sum_partial_rows start while the kernel before them retires, and wait
 for it before touching memory. Kernels that read what the kernel just before them wrote (forward of a
 forward's output, backward_fused -> sum_partial_rows -> the previous norm's backward), eager and
