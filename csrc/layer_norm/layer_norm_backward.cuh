@@ -24,32 +24,12 @@
 // before it, remains for what backward_fused does not do: the memory-efficient backward (y, not x)
 // and rows whose gamma copy leaves no room in shared memory (backward_typed).
 
-#include <cstdlib>
 #include <cstring>
-
-#if !defined(USE_ROCM)
-#include <cooperative_groups.h>
-#endif
 
 #include "apex/packed_pairs.cuh"
 #include "layer_norm_cuda.cuh"
 
 namespace apex::layer_norm {
-
-// A/B switch (gpu_ab/ln/README.md; the one place to remove once the H200 A/B has decided):
-// APEX_LN_VARIANT, read once per process, may name `spread` (BackwardParams::slot_major) and `pairfold`
-// (BackwardParams::pair_fold), alone or together ("spread+pairfold"); anything else: the default.
-struct BackwardVariant {
-  bool slot_major, pair_fold;
-};
-inline BackwardVariant backward_variant() {
-  static const BackwardVariant variant = [] {
-    const char* v = std::getenv("APEX_LN_VARIANT");
-    const auto names = [&](const char* name) { return v != nullptr && std::strstr(v, name) != nullptr; };
-    return BackwardVariant{names("spread"), names("pairfold")};
-  }();
-  return variant;
-}
 
 // Row elements per thread in the register-resident backward: x (or y) and dy of each stay in
 // registers in their own dtype, 1 register per element for fp32 pairs, half that for bf16/fp16.
@@ -139,12 +119,6 @@ struct BackwardParams {
   A inv_cols;  // 1 / cols: row means by one multiply
   A eps;
   bool memory_efficient;
-  // A/B (backward_variant): backward_fused only. slot_major: row k * stride + y * gridDim.x + b for row slot
-  // y of block b, so that a last, partial round of rows spreads over every block instead of filling the
-  // first blocks' slots. pair_fold: blocks run in clusters of 2 that add their accumulators through
-  // distributed shared memory before writing them, one partial row per cluster.
-  bool slot_major = false;
-  bool pair_fold = false;
 
   __device__ NormalizedInput<A> normalizer(int64_t row) const {
     return {mean && !memory_efficient ? mean[row] : A(0), invvar[row], eps, memory_efficient, gamma != nullptr,
@@ -490,55 +464,11 @@ __device__ __forceinline__ float4 slot_sum(const float4* slot0, int region, int 
   return sum;
 }
 
-// backward_fused's epilogue with pair_fold (A/B, backward_variant): the block is one of a cluster of 2
-// (blockIdx.x = 2 * cluster + rank). Each folds its row slots into slot 0 in place; then rank r adds
-// both blocks' slot 0 (rank 0's first, a fixed order: repeatable) for its half of the chunks, reading
-// the partner's through distributed shared memory, 16 bytes a load, and writes them as partial row
-// `cluster`: half the partial rows of one per block (at 4096x16384, LayerNorm: 8.6 of 17.2 MB written
-// and read again by sum_partial_rows). Must be reached by every thread of the block.
-template <class ChunkColumn>
-__device__ void fold_pair(float4* accumulators, int region, int slots, bool want_dgamma, bool want_dbeta,
-                          const ChunkColumn& chunk_column, float* dgamma_parts, float* dbeta_parts, int cols) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)
-  namespace cg = cooperative_groups;
-  const int nthreads = blockDim.x * blockDim.y;
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  float4* const dgamma = accumulators;
-  float4* const dbeta = accumulators + (want_dgamma ? slots : 0) * region;
-  if (slots > 1) {
-    for (int i = tid; i < region; i += nthreads) {
-      if (want_dgamma) dgamma[i] = slot_sum(dgamma, region, slots, i);
-      if (want_dbeta) dbeta[i] = slot_sum(dbeta, region, slots, i);
-    }
-  }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // both blocks' slot 0 complete
-  const unsigned rank = cluster.block_rank();
-  const float4* const gamma0 = cluster.map_shared_rank(dgamma, 0);
-  const float4* const gamma1 = cluster.map_shared_rank(dgamma, 1);
-  const float4* const beta0 = cluster.map_shared_rank(dbeta, 0);
-  const float4* const beta1 = cluster.map_shared_rank(dbeta, 1);
-  const int half = (region + 1) / 2;
-  const int end = min(region, int(rank + 1) * half);
-  const int64_t part = int64_t(blockIdx.x / 2) * cols;
-  const auto add = [](float4 a, const float4 b) {
-    a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
-    return a;
-  };
-  for (int i = int(rank) * half + tid; i < end; i += nthreads) {
-    const int c = chunk_column(i);
-    if (c < 0) continue;
-    if (want_dgamma) *reinterpret_cast<float4*>(dgamma_parts + part + c) = add(gamma0[i], gamma1[i]);
-    if (want_dbeta) *reinterpret_cast<float4*>(dbeta_parts + part + c) = add(beta0[i], beta1[i]);
-  }
-  cluster.sync();  // the partner has read this block's shared memory before either exits
-#endif
-}
-
 // Register-resident backward over a persistent grid, like backward_in_registers (same layout, same
-// partial rows), with the per-element work of the comment above. Shared memory holds, in float4
-// chunks laid out as fused_region_chunks says: gamma (one copy for the block, in float), then
-// blockDim.y row slots of dgamma accumulators, then as many of dbeta (each only when wanted).
+// partial rows; rows go to row slots slot-major, see below), with the per-element work of the comment
+// above. Shared memory holds, in float4 chunks laid out as fused_region_chunks says: gamma (one copy
+// for the block, in float), then blockDim.y row slots of dgamma accumulators, then as many of dbeta
+// (each only when wanted).
 // PREFETCH loads the thread's next row before working on the current one (two row slices in
 // registers, processed in turn, no copies between them); without it a thread reloads each vector
 // as soon as its dx is written. x_or_y holds x (never the memory-efficient y).
@@ -641,9 +571,15 @@ __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>())
   };
 
   const int64_t stride = int64_t(gridDim.x) * blockDim.y;
-  // The block's least row of the round (the loop bound, the same for all its slots) and this slot's row.
-  int64_t first = p.slot_major ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * blockDim.y;
-  const int64_t first_row = p.slot_major ? int64_t(threadIdx.y) * gridDim.x + blockIdx.x : first + threadIdx.y;
+  // Rows go to row slots slot-major: row k * stride + y * gridDim.x + b for slot y of block b, so that
+  // a last, partial round of rows spreads over every block (every SM) instead of filling the first
+  // blocks' slots and leaving the rest idle: max rows per SM 255 -> 249 at 32768x1024 (15 slots), 128 ->
+  // 125 at 16384x4096. On an H200 (bf16 fwd+bwd GB/s) RMSNorm 16384x4096 3857 -> 3966 and 32768x1024
+  // 3689 -> 3760 against block-major rows (row k * stride + b * blockDim.y + y), the other LayerNorm and
+  // RMSNorm shapes -0.1 to +0.4 % (benchmarks/normalization/NOTES.md, session 31).
+  // `first`, the block's least row of the round, is the loop bound: the same for all its slots.
+  int64_t first = blockIdx.x;
+  const int64_t first_row = int64_t(threadIdx.y) * gridDim.x + blockIdx.x;
   const char* const first_x = at(p.x_or_y, (first_row * p.cols + vector_index(0) * V) * int64_t(sizeof(T)));
 
   // The row loop, for one combination of wanted parameter grads (compile-time, so that nothing
@@ -791,13 +727,8 @@ __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>())
 
   // Fold the row slots and write this block's partial rows.
   __syncthreads();
-  if (p.pair_fold) {
-    fold_pair(accumulators, region, slots, want_dgamma, want_dbeta, chunk_column, p.dgamma_parts, p.dbeta_parts,
-              p.cols);
-    return;
-  }
-  const float4* const beta = accumulators + (want_dgamma ? slots : 0) * region;
   const int64_t part = int64_t(blockIdx.x) * p.cols;
+  const float4* const beta = accumulators + (want_dgamma ? slots : 0) * region;
   for (int i = tid; i < region; i += nthreads) {
     const int c = chunk_column(i);
     if (c < 0) continue;
@@ -932,45 +863,8 @@ struct PersistentLaunch {
   void operator()(Kernel kernel, size_t shared, dim3 threads) {
     const int64_t row_blocks = (rows + threads.y - 1) / threads.y;
     const int64_t blocks = std::min<int64_t>(row_blocks, int64_t(resident(kernel, threads, shared)) * limits.sms);
-    if (p.pair_fold && launch_pairs(kernel, shared, threads, blocks)) return;
-    p.pair_fold = false;
     allocate_parts(blocks);
     cuda::launch_dependent(device, kernel, dim3(static_cast<unsigned>(blocks)), threads, shared, stream, p);
-  }
-  // pair_fold (A/B, backward_variant; backward_fused only): the grid in clusters of 2 blocks, as many as
-  // are resident at once, one partial row per cluster. False where there are no partial rows, fewer than
-  // two blocks, or no clusters (before sm_90, ROCm).
-  template <class Kernel>
-  bool launch_pairs(Kernel kernel, size_t shared, dim3 threads, int64_t blocks) {
-#if defined(USE_ROCM)
-    return false;
-#else
-    if (accumulators() == 0 || blocks < 2 || !cuda::supports_dependent_launch(device.device)) return false;
-    cudaLaunchAttribute attributes[2] = {};
-    attributes[0].id = cudaLaunchAttributeClusterDimension;
-    attributes[0].val.clusterDim.x = 2;
-    attributes[0].val.clusterDim.y = 1;
-    attributes[0].val.clusterDim.z = 1;
-    attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(blocks / 2 * 2));
-    config.blockDim = threads;
-    config.dynamicSmemBytes = shared;
-    config.stream = stream;
-    config.attrs = attributes;
-    config.numAttrs = 2;
-    int clusters = 0;  // resident at once, over the whole device
-    cuda::check(cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(kernel), &config),
-                "cudaOccupancyMaxActiveClusters");
-    const int64_t pairs = std::min<int64_t>(blocks / 2, clusters);
-    if (pairs < 1) return false;
-    config.gridDim = dim3(static_cast<unsigned>(2 * pairs));
-    allocate_parts(pairs);
-    // An error is left for cudaGetLastError (check_launch), as launch_kernel leaves it.
-    (void)cudaLaunchKernelEx(&config, kernel, p);
-    return true;
-#endif
   }
 };
 
@@ -1056,8 +950,6 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
                          A(1) / static_cast<A>(a.cols),
                          static_cast<A>(a.eps),
                          a.memory_efficient};
-  p.slot_major = backward_variant().slot_major;
-  p.pair_fold = backward_variant().pair_fold;
   const cuda::DeviceLimits& limits = cuda::device_limits(device.device);
   const cudaStream_t stream = cuda::stream(device);
   PersistentLaunch<T, W> launch{device, limits, stream, p, scratch, RowLayout{},
@@ -1099,7 +991,6 @@ void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& sc
           // narrower instances are not compiled with prefetch (they would never be chosen).
           constexpr bool kCanPrefetch = !kMemoryEfficient && kItems > kBackwardItems &&
                                         kItems * V * (sizeof(T) + sizeof(W)) <= kMaxPrefetchSliceBytes;
-          p.pair_fold = false;  // backward_fused's alone
           if (kCanPrefetch && one_block_per_sm) {
             launch(backward_in_registers<T, W, kItems, RMS, kMemoryEfficient, kCanPrefetch>, smem, block);
           } else {

@@ -3,8 +3,8 @@ test_backward_kernels.py, above all the row-barrier blocks (ROW_BARRIERS in
 csrc/layer_norm/layer_norm_backward.cuh): 16-bit rows at 2 vectors per thread (512-8192 bf16 columns)
 run in blocks of up to 1024 threads whose row slots synchronize on a named barrier each.
 
-- The persistent grid's edges (test_grid_edges, first): one, two and an odd number of blocks, slots
-  past the last row, bitwise repeatability; they cover the A/B variants' boundaries (gpu_ab/ln).
+- The persistent grid's edges (test_grid_edges, first): one, two and an odd number of blocks, row slots
+  past the last row (rows go to slots slot-major), bitwise repeatability.
 - 32 row slots of one warp (512 columns: no barrier), 15 slots with a named barrier each (1024), 8
   (2048), 3 slots of 320 threads (5120), 2 of 512 (8192); row counts below, at and above the slots of
   a block, and vectors past the row end (2056).
@@ -22,11 +22,10 @@ from test_backward_kernels import check_backward, run_backward, statistics
 
 pytestmark = pytest.mark.gpu
 
-# The persistent grid's edges (first in this file: gpu_ab/ln runs them under each APEX_LN_VARIANT): one
-# block (no partner for a cluster of 2), two, three (an odd grid: pairs of blocks take one fewer), 131
-# and 133 rows of one slot (odd grid below and one row past a round of 132 SMs), 16 and 31 rows of 15
-# slots at 1024 columns (2 and 3 blocks; slots past the last row in every block when rows are spread
-# slot-major), 263 of 2 slots (8192: one slot short of a full round), 265 of 4 (4096), 1981 of 15.
+# The persistent grid's edges: one block, two, three (an odd grid), 131 and 133 rows of one slot (odd
+# grid below and one row past a round of 132 SMs), 16 and 31 rows of 15 slots at 1024 columns (2 and 3
+# blocks; slots past the last row in every block, since rows go to slots slot-major), 263 of 2 slots
+# (8192: one slot short of a full round), 265 of 4 (4096), 1981 of 15.
 GRID_EDGES = [(1, 16384), (2, 16384), (3, 16384), (131, 16384), (133, 16384), (1, 4096), (265, 4096),
               (5, 1024), (16, 1024), (31, 1024), (1981, 1024), (263, 8192)]
 
