@@ -454,10 +454,21 @@ inline int64_t fused_region_chunks(int items, int threads_per_row) {
   return int64_t(items) * (vector_width<T>() / 4) * threads_per_row;
 }
 
+// Sum of a block's row slots of one region (slot s at s * region): its chunk i.
+__device__ __forceinline__ float4 slot_sum(const float4* slot0, int region, int slots, int i) {
+  float4 sum = slot0[i];
+  for (int s = 1; s < slots; ++s) {
+    const float4 more = slot0[s * region + i];
+    sum.x += more.x, sum.y += more.y, sum.z += more.z, sum.w += more.w;
+  }
+  return sum;
+}
+
 // Register-resident backward over a persistent grid, like backward_in_registers (same layout, same
-// partial rows), with the per-element work of the comment above. Shared memory holds, in float4
-// chunks laid out as fused_region_chunks says: gamma (one copy for the block, in float), then
-// blockDim.y row slots of dgamma accumulators, then as many of dbeta (each only when wanted).
+// partial rows; rows go to row slots slot-major, see below), with the per-element work of the comment
+// above. Shared memory holds, in float4 chunks laid out as fused_region_chunks says: gamma (one copy
+// for the block, in float), then blockDim.y row slots of dgamma accumulators, then as many of dbeta
+// (each only when wanted).
 // PREFETCH loads the thread's next row before working on the current one (two row slices in
 // registers, processed in turn, no copies between them); without it a thread reloads each vector
 // as soon as its dx is written. x_or_y holds x (never the memory-efficient y).
@@ -560,8 +571,15 @@ __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>())
   };
 
   const int64_t stride = int64_t(gridDim.x) * blockDim.y;
-  int64_t first = int64_t(blockIdx.x) * blockDim.y;
-  const int64_t first_row = first + threadIdx.y;
+  // Rows go to row slots slot-major: row k * stride + y * gridDim.x + b for slot y of block b, so that
+  // a last, partial round of rows spreads over every block (every SM) instead of filling the first
+  // blocks' slots and leaving the rest idle: max rows per SM 255 -> 249 at 32768x1024 (15 slots), 128 ->
+  // 125 at 16384x4096. On an H200 (bf16 fwd+bwd GB/s) RMSNorm 16384x4096 3857 -> 3966 and 32768x1024
+  // 3689 -> 3760 against block-major rows (row k * stride + b * blockDim.y + y), the other LayerNorm and
+  // RMSNorm shapes -0.1 to +0.4 % (benchmarks/normalization/NOTES.md, session 31).
+  // `first`, the block's least row of the round, is the loop bound: the same for all its slots.
+  int64_t first = blockIdx.x;
+  const int64_t first_row = int64_t(threadIdx.y) * gridDim.x + blockIdx.x;
   const char* const first_x = at(p.x_or_y, (first_row * p.cols + vector_index(0) * V) * int64_t(sizeof(T)));
 
   // The row loop, for one combination of wanted parameter grads (compile-time, so that nothing
@@ -714,22 +732,8 @@ __global__ void APEX_LN_MAX_REGISTERS((fused_registers<T, W, ITEMS, PREFETCH>())
   for (int i = tid; i < region; i += nthreads) {
     const int c = chunk_column(i);
     if (c < 0) continue;
-    if (want_dgamma) {
-      float4 sum = accumulators[i];
-      for (int s = 1; s < slots; ++s) {
-        const float4 more = accumulators[s * region + i];
-        sum.x += more.x, sum.y += more.y, sum.z += more.z, sum.w += more.w;
-      }
-      *reinterpret_cast<float4*>(p.dgamma_parts + part + c) = sum;
-    }
-    if (want_dbeta) {
-      float4 sum = beta[i];
-      for (int s = 1; s < slots; ++s) {
-        const float4 more = beta[s * region + i];
-        sum.x += more.x, sum.y += more.y, sum.z += more.z, sum.w += more.w;
-      }
-      *reinterpret_cast<float4*>(p.dbeta_parts + part + c) = sum;
-    }
+    if (want_dgamma) *reinterpret_cast<float4*>(p.dgamma_parts + part + c) = slot_sum(accumulators, region, slots, i);
+    if (want_dbeta) *reinterpret_cast<float4*>(p.dbeta_parts + part + c) = slot_sum(beta, region, slots, i);
   }
 }
 

@@ -3,6 +3,8 @@ test_backward_kernels.py, above all the row-barrier blocks (ROW_BARRIERS in
 csrc/layer_norm/layer_norm_backward.cuh): 16-bit rows at 2 vectors per thread (512-8192 bf16 columns)
 run in blocks of up to 1024 threads whose row slots synchronize on a named barrier each.
 
+- The persistent grid's edges (test_grid_edges, first): one, two and an odd number of blocks, row slots
+  past the last row (rows go to slots slot-major), bitwise repeatability.
 - 32 row slots of one warp (512 columns: no barrier), 15 slots with a named barrier each (1024), 8
   (2048), 3 slots of 320 threads (5120), 2 of 512 (8192); row counts below, at and above the slots of
   a block, and vectors past the row end (2056).
@@ -19,6 +21,40 @@ import torch
 from test_backward_kernels import check_backward, run_backward, statistics
 
 pytestmark = pytest.mark.gpu
+
+# The persistent grid's edges: one block, two, three (an odd grid), 131 and 133 rows of one slot (odd
+# grid below and one row past a round of 132 SMs), 16 and 31 rows of 15 slots at 1024 columns (2 and 3
+# blocks; slots past the last row in every block, since rows go to slots slot-major), 263 of 2 slots
+# (8192: one slot short of a full round), 265 of 4 (4096), 1981 of 15.
+GRID_EDGES = [(1, 16384), (2, 16384), (3, 16384), (131, 16384), (133, 16384), (1, 4096), (265, 4096),
+              (5, 1024), (16, 1024), (31, 1024), (1981, 1024), (263, 8192)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("rms, params", [(False, "weight_bias"), (False, "bias"), (False, "weight"), (True, "weight")],
+                         ids=["layer-weight_bias", "layer-bias", "layer-weight", "rms-weight"])
+@pytest.mark.parametrize("shape", GRID_EDGES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_grid_edges(dtype, rms, params, shape):
+    x = (torch.randn(shape, dtype=torch.float64) * 2 + 0.5).to("cuda", dtype)
+    check_backward(x, dtype, rms, params)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+@pytest.mark.parametrize("shape", [(3, 16384), (133, 16384), (31, 1024), (1981, 1024), (263, 8192)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_grid_edges_repeatable(rms, shape):
+    """Bitwise the same grads twice: each row's slot and block, and the order of the partial sums, are fixed."""
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    weight = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16)
+    bias = None if rms else torch.randn(shape[1], device="cuda", dtype=torch.bfloat16)
+    mean, invvar = statistics(x, rms)
+    first = run_backward(x, dy, mean, invvar, weight, bias, rms)
+    second = run_backward(x, dy, mean, invvar, weight, bias, rms)
+    for a, b in zip(first, second):
+        if a is not None:
+            assert torch.equal(a, b)
+
 
 SHAPES = [
     (1, 512), (9, 512), (33, 512),
