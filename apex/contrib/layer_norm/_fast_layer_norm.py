@@ -33,13 +33,17 @@ def ln_fwd(x, gamma, beta, epsilon):
     return list(apex.layer_norm_fwd(x, shape, gamma, beta, epsilon))
 
 
-def ln_bwd(dz, x_or_z, mu, rsigma, gamma, beta, memory_efficient):
+def ln_bwd(dz, x_or_z, mu, rsigma, gamma, beta=None, memory_efficient=False):
     """LayerNorm backward -> [dx, dgamma, dbeta, dgamma_part, dbeta_part].
 
     ``x_or_z`` is the forward input, or its output z when memory_efficient (then ``beta`` is needed and
     ``mu`` may be None). The parts are the float32 partial sums whose column sums are dgamma / dbeta:
     here a single row each (the kernels fold their per-block partials before returning).
+    ``beta`` and ``memory_efficient`` are optional so that the five-argument call of ROCm apex and of
+    NVIDIA apex before memory_efficient, ``ln_bwd(dz, x, mu, rsigma, gamma)``, works unchanged.
     """
+    if memory_efficient and beta is None:
+        raise ValueError("fast_layer_norm.ln_bwd: memory_efficient=True recovers x from z and needs beta")
     apex = ops("fused_layer_norm_cuda")
     shape = [gamma.numel()]
     # beta's values are read only when memory_efficient; otherwise gamma stands in for a missing one,

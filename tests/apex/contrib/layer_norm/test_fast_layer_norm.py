@@ -68,6 +68,28 @@ def test_ln_fwd_ln_bwd(device, itype, wtype, memory_efficient):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("itype, wtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)],
+                         ids=["float32", "bfloat16"])
+def test_ln_bwd_five_argument_form(device, itype, wtype):
+    # ROCm apex's (and older NVIDIA apex's) call: ln_bwd(dz, x, mu, rsigma, gamma), the input kept.
+    x, gamma, beta, dz = inputs(device, itype, wtype)
+    z, mu, rsigma = fast_layer_norm.ln_fwd(x, gamma, beta, 1e-5)
+    five = fast_layer_norm.ln_bwd(dz, x, mu, rsigma, gamma)
+    seven = fast_layer_norm.ln_bwd(dz, x, mu, rsigma, gamma, beta, False)
+    assert len(five) == 5
+    for got, want in zip(five, seven):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ln_bwd_memory_efficient_without_beta_raises(device):
+    x, gamma, beta, dz = inputs(device, torch.float32, torch.float32)
+    z, mu, rsigma = fast_layer_norm.ln_fwd(x, gamma, beta, 1e-5)
+    with pytest.raises(ValueError, match="needs beta"):
+        fast_layer_norm.ln_bwd(dz, z, mu, rsigma, gamma, None, True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_ln_bwd_without_beta_still_gives_dbeta(device):
     x, gamma, beta, dz = inputs(device, torch.float32, torch.float32)
     z, mu, rsigma = fast_layer_norm.ln_fwd(x, gamma, beta, 1e-5)
