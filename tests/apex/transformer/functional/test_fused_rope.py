@@ -509,6 +509,75 @@ def test_16bit_head_walk_matches_the_composite_exactly(dtype, interleaved):
             assert torch.equal(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0]), (s, b, h, d)
 
 
+def _angle_rows(table, start, s, tensor_format):
+    """The angles of every token: table rows start[j] .. start[j] + s for sequence j, as [s, b, 1, d2]
+    (sbhd) or [b, s, 1, d2] (bshd), in float32 (the composite's cos / sin in float, rounded to t's dtype
+    by reference)."""
+    return torch.stack([table[p:p + s, 0].float() for p in start.tolist()], dim=1 if tensor_format == "sbhd" else 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_16bit_angle_table_edges_match_the_composite_exactly(dtype, interleaved):
+    """The 16-bit angle-table path (the kernel computes each token's cos/sin from the angles and rounds
+    them to t's dtype) bit for bit against the composite, forward and backward: sbhd and bshd, start
+    positions (up to the table's last row) and none (the first s rows), partial rotary dims (copied
+    packs beside rotated ones), odd head counts, heads wider than a block of packs (d = 4096), a token with 130 heads, one
+    token, heads apart in memory, the transposed output, and angle tables in float32, in t's dtype, with
+    rows that are not whole 16-byte vectors, and of a single row."""
+    torch.manual_seed(0)
+    shapes = [(7, 3, 1, 128, 128), (33, 2, 3, 128, 64), (16, 5, 7, 48, 16), (9, 2, 5, 4096, 4096),
+              (3, 1, 130, 64, 32), (1, 4, 3, 64, 64), (40, 3, 9, 128, 128)]
+    for s, b, h, d, d2 in shapes:
+        rows = s + 6
+        freqs = torch.randn(rows, 1, 1, d2, device="cuda") * 20
+        padded = torch.zeros(rows, 1, 1, d2 + 2, device="cuda")
+        padded[..., :d2] = freqs
+        tables = {"float32": freqs, "16-bit": freqs.to(dtype), "rows not whole vectors": padded[..., :d2]}
+        starts = {"none": None, "offsets": torch.tensor([(5 * j) % 7 for j in range(b)], device="cuda")}
+        starts["offsets"][-1] = rows - s  # the table's last row
+        for (table_name, table), (start_name, start), tensor_format in itertools.product(
+                tables.items(), starts.items(), ("sbhd", "bshd")):
+            shape = (s, b, h, d) if tensor_format == "sbhd" else (b, s, h, d)
+            x = torch.randn(shape, device="cuda").to(dtype)
+            heads_apart = x.transpose(-2, 0).contiguous().transpose(-2, 0)  # h outermost in memory
+            angles = _angle_rows(table, start if start is not None else torch.zeros(b, dtype=torch.long), s,
+                                 tensor_format)
+            for t, transpose in ((x, False), (heads_apart, True)):
+                t = t.detach().requires_grad_()
+                out = fused_apply_rotary_pos_emb(t, table, transpose, tensor_format=tensor_format,
+                                                 interleaved=interleaved, start_positions=start)
+                expected = reference(t, angles.cos(), angles.sin(), interleaved)
+                where = (s, b, h, d, d2, table_name, start_name, tensor_format, transpose)
+                assert torch.equal(out, expected), where
+                g = torch.randn_like(out)
+                assert torch.equal(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0]), where
+    # A single-row table (row stride 0) for s = 1.
+    t = torch.randn(1, 3, 2, 64, device="cuda").to(dtype)
+    freqs = torch.randn(1, 1, 1, 64, device="cuda") * 20
+    assert torch.equal(fused_apply_rotary_pos_emb(t, freqs, interleaved=interleaved),
+                       reference(t, freqs.cos(), freqs.sin(), interleaved))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_angle_table_empty_input(dtype):
+    """No tokens, no sequences or no heads, with and without start positions, forward and backward: the
+    16-bit angle-table path launches nothing (no zero-block grid) and returns empty results."""
+    freqs = torch.randn(4, 1, 1, 64, device="cuda")
+    for shape in [(0, 2, 3, 64), (4, 0, 3, 64), (4, 2, 0, 64)]:
+        for tensor_format in ("sbhd", "bshd"):
+            t = torch.randn(shape, device="cuda").to(dtype).requires_grad_()
+            b = shape[1] if tensor_format == "sbhd" else shape[0]
+            for start in (None, torch.zeros(b, dtype=torch.long, device="cuda")):
+                out = fused_apply_rotary_pos_emb(t, freqs, tensor_format=tensor_format, start_positions=start)
+                assert out.shape == t.shape
+                (grad,) = torch.autograd.grad(out, t, torch.ones_like(out))
+                assert grad.shape == t.shape
+    torch.cuda.synchronize()
+
+
 # ---- the CUDA kernel's work split (csrc/fused_rope/rope_plan.h), checked on the CPU ------------------
 
 PLAN_CHECK = r"""
