@@ -142,7 +142,7 @@ class JitHeaders:
                     "built_at": time.time(), "source_root": str(self.source_root.resolve())}
             cache.publish(scratch, entry, meta, library_file=kind.file)
             size = (entry / kind.file).stat().st_size
-            notice.say(f"apex: {kind.built} in {seconds:.0f} s ({size / _MB:.0f} MB)")
+            notice.say(f"apex: {kind.built} in {seconds:.0f} s ({size / _MB:.1f} MB)")
             return True
         finally:
             cache.release_build_dir(scratch, owner)
