@@ -117,6 +117,22 @@ def test_python_errors_raised_inside_the_call_come_out_unchanged(name):
         assert type(raised.value) is Refused
 
 
+@pytest.mark.parametrize("name", OPS)
+def test_warnings_issued_inside_the_call_are_python_warnings(name):
+    """A C++ warning (TORCH_WARN) issued below the entry surfaces as a Python warning, as torch's own
+    bindings do (HANDLE_TH_ERRORS' warning handler; the boxed _dispatch_call_boxed only prints it):
+    here functorch's fallback for an op without a batching rule, which warns under vmap (on by default)."""
+    import warnings
+
+    x = torch.randn(3, 2, 4)
+    typed = eager_op(LIBRARY, name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.vmap(lambda row: typed(*_arguments(name, row, (4,), None, None, 1e-5, False)))(x)
+    assert any(issubclass(w.category, UserWarning) and f"batching rule for apex::{name}" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+
+
 def test_dispatch_mode_sees_the_op():
     from torch.utils._python_dispatch import TorchDispatchMode
 
