@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -47,7 +48,7 @@ def compile_library(plan: BuildPlan, build_dir: Path, failed_log: Path,
     there (else compiles its source as a unit of its own). On failure the log is saved to
     ``failed_log`` and OpBuildError is raised."""
     toolchain.check(plan.op, with_cuda=plan.with_gpu)
-    entry_object, entry_source = _python_entry(plan, headers)
+    entry_object, entry_source = _python_entry(plan, build_dir, headers)
     sources = unity.group_sources(list(plan.sources) + entry_source, build_dir, unity.build_jobs())
     ldflags = [str(entry_object)] if entry_object else []
     precompiled = _with_precompiled_header(plan, sources, build_dir, headers) if headers else None
@@ -71,13 +72,18 @@ def compile_library(plan: BuildPlan, build_dir: Path, failed_log: Path,
     return time.monotonic() - started
 
 
-def _python_entry(plan: BuildPlan, headers: Optional[PrecompiledHeaders]) -> tuple[Optional[Path], list[Path]]:
-    """(the Python entry's shared object to link, []) or, where there is none, (None, its source as
-    one more unit of this build; [] for sources without one)."""
+def _python_entry(plan: BuildPlan, build_dir: Path,
+                  headers: Optional[PrecompiledHeaders]) -> tuple[Optional[Path], list[Path]]:
+    """(the Python entry's shared object to link, copied into ``build_dir`` so that no other process
+    can discard it meanwhile, []) or, where there is none, (None, its source as one more unit of this
+    build; [] for sources without one)."""
     obj = python_entry.plan_object(plan) if headers else None
-    linked = headers.object_for(obj) if obj else None
-    if linked is not None:
-        return linked, []
+    shared = headers.object_for(obj) if obj else None
+    if shared is not None:
+        try:
+            return Path(shutil.copy(shared, build_dir / python_entry.OBJECT_FILE)), []
+        except OSError:
+            pass  # discarded meanwhile: compile it here
     source = python_entry.find_source(plan)
     return None, [source] if source else []
 
