@@ -1,5 +1,6 @@
 """One op build, in a process of its own: `python _build_child.py <spec.json> <lifeline fd>`; or,
-when the spec names a "header", the precompiled header that op builds share (precompiled_cache.py).
+when the spec names a "header", the precompiled header that op builds share (precompiled_cache.py),
+or when it names an "object", the Python entry's unit that they link (python_entry.py).
 
 Started by compiler.py in a new session. Out of process so that (1) the compiler output can be
 captured whole into the log, (2) loading the fresh library to check that it loads does not
@@ -62,7 +63,8 @@ def build(spec: dict) -> None:
 
     # is_python_module=False: a plain library, loaded (the check that it loads) with torch.ops.load_library.
     load(name=spec["name"], sources=spec["sources"], extra_cflags=spec["cxx_flags"],
-         extra_cuda_cflags=spec["nvcc_flags"], extra_include_paths=spec["include_dirs"],
+         extra_cuda_cflags=spec["nvcc_flags"], extra_ldflags=spec.get("ldflags", []),
+         extra_include_paths=spec["include_dirs"],
          build_directory=spec["build_dir"], with_cuda=spec["with_gpu"], verbose=True,
          is_python_module=False)
 
@@ -73,6 +75,15 @@ def precompile(spec: dict) -> None:
     TORCH_EXTENSION_NAME, which differs per op, then spec's own flags (the op's, as in a build)."""
     cxx, torch_flags = torch_cxx_command(spec["build_dir"])
     command = [*cxx, *torch_flags, *spec["cxx_flags"], "-x", "c++-header", spec["header"], "-o", spec["output"]]
+    print(shlex.join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def compile_object(spec: dict) -> None:
+    """Compile spec's source into spec's object as torch's extension builder compiles an op's C++ unit."""
+    cxx, torch_flags = torch_cxx_command(spec["build_dir"])
+    includes = [f"-I{folder}" for folder in spec["include_dirs"]]
+    command = [*cxx, *includes, *torch_flags, *spec["cxx_flags"], "-c", spec["object"], "-o", spec["output"]]
     print(shlex.join(command), flush=True)
     subprocess.run(command, check=True)
 
@@ -108,7 +119,12 @@ if __name__ == "__main__":
     with open(sys.argv[1]) as spec_file:
         build_spec = json.load(spec_file)
     try:
-        precompile(build_spec) if "header" in build_spec else build(build_spec)
+        if "header" in build_spec:
+            precompile(build_spec)
+        elif "object" in build_spec:
+            compile_object(build_spec)
+        else:
+            build(build_spec)
     except Exception as error:  # the parent turns the log into an OpBuildError; this is its last line
         print(f"\n{type(error).__name__}: {' '.join(str(error).split())}", flush=True)
         sys.exit(1)

@@ -176,11 +176,13 @@ def release_build_dir(scratch: Path, owner_fd: int) -> None:
 def publish(scratch: Path, final: Path, meta: dict, library_file: Optional[str] = None) -> None:
     """Make a finished build visible, atomically: meta.json (with the size and checksum of the
     library, ``library_file`` if not ``<op>.so``) written last, then one rename of the whole directory."""
-    # Objects and ninja's dependency database go; .ninja_log stays (a few hundred bytes): the
-    # compile time of each unit, which benchmarks/build/bench_compile_time.py reports.
-    for leftover in [*scratch.glob("*.o"), scratch / ".ninja_deps"]:
-        leftover.unlink(missing_ok=True)
+    # Objects (but the entry's own file: the Python entry's object) and ninja's dependency database
+    # go; .ninja_log stays (a few hundred bytes): the compile time of each unit, which
+    # benchmarks/build/bench_compile_time.py reports.
     library = scratch / (library_file or f"{meta['op']}.so")
+    for leftover in [*scratch.glob("*.o"), scratch / ".ninja_deps"]:
+        if leftover != library:
+            leftover.unlink(missing_ok=True)
     meta = {"apex_cache_entry": ENTRY_FORMAT, "key": final.name, "library": integrity.record(library), **meta}
     (scratch / META).write_text(json.dumps(meta, indent=2, sort_keys=True))
     if final.exists():  # a corrupt entry being replaced

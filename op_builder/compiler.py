@@ -11,45 +11,54 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Optional, Protocol
 
-from . import notice, precompiled_header, toolchain, unity
+from . import notice, precompiled_header, python_entry, toolchain, unity
 from .cache import FAILED_LOG_HEADER
 from .errors import build_error_from_log
 from .plan import BuildPlan
 from .precompiled_header import HeaderPlan
+from .python_entry import ObjectPlan
 
 VERBOSE_ENV = "APEX_JIT_VERBOSE"
 _CHILD = Path(__file__).resolve().parent / "_build_child.py"
 
 
 class PrecompiledHeaders(Protocol):
-    """Where a build gets its precompiled header (precompiled_cache.py: the JIT cache, or one run's)."""
+    """Where a build gets its precompiled header and the Python entry's object (precompiled_cache.py:
+    the JIT cache, or one run's)."""
 
     def gch_for(self, header: HeaderPlan) -> Optional[Path]:
         """The .gch of ``header``, built first if need be; None if there is none to use."""
+
+    def object_for(self, obj: ObjectPlan) -> Optional[Path]:
+        """The object file of ``obj``, built first if need be; None if there is none to use."""
 
 
 def compile_library(plan: BuildPlan, build_dir: Path, failed_log: Path,
                     headers: Optional[PrecompiledHeaders] = None) -> float:
     """Build ``plan`` into ``build_dir`` (its library: ``build_dir / plan.library_file``); return the
     seconds it took. Units that include torch's dispatcher headers use the precompiled header from
-    ``headers`` (if given and usable here). On failure the log is saved to ``failed_log`` and
-    OpBuildError is raised."""
+    ``headers`` (if given and usable here), and the library links the Python entry's object from
+    there (else compiles its source as a unit of its own). On failure the log is saved to
+    ``failed_log`` and OpBuildError is raised."""
     toolchain.check(plan.op, with_cuda=plan.with_gpu)
-    sources = unity.group_sources(list(plan.sources), build_dir, unity.build_jobs())
+    entry_object, entry_source = _python_entry(plan, build_dir, headers)
+    sources = unity.group_sources(list(plan.sources) + entry_source, build_dir, unity.build_jobs())
+    ldflags = [str(entry_object)] if entry_object else []
     precompiled = _with_precompiled_header(plan, sources, build_dir, headers) if headers else None
     started = time.monotonic()
     try:
-        log = _compile(plan, build_dir, *(precompiled or (sources, [])))
+        log = _compile(plan, build_dir, *(precompiled or (sources, [])), ldflags)
         if log is not None and precompiled and precompiled_header.broke_build(log):
             notice.say(f"apex: op '{plan.op}' did not build with the precompiled torch headers "
                        f"({precompiled_header.broke_build(log)}); building it without them")
-            log = _compile(plan, build_dir, sources, [])
+            log = _compile(plan, build_dir, sources, [], ldflags)
     finally:
         if precompiled:
             precompiled_header.unlink(build_dir)  # a built library never points at the shared .gch
@@ -61,6 +70,22 @@ def compile_library(plan: BuildPlan, build_dir: Path, failed_log: Path,
         notice.say(f"apex: GCC did not use the precompiled torch headers for op '{plan.op}' ({refused}); "
                    f"it built, parsing them instead (slower). Build log: {build_dir / 'build.log'}")
     return time.monotonic() - started
+
+
+def _python_entry(plan: BuildPlan, build_dir: Path,
+                  headers: Optional[PrecompiledHeaders]) -> tuple[Optional[Path], list[Path]]:
+    """(the Python entry's shared object to link, copied into ``build_dir`` so that no other process
+    can discard it meanwhile, []) or, where there is none, (None, its source as one more unit of this
+    build; [] for sources without one)."""
+    obj = python_entry.plan_object(plan) if headers else None
+    shared = headers.object_for(obj) if obj else None
+    if shared is not None:
+        try:
+            return Path(shutil.copy(shared, build_dir / python_entry.OBJECT_FILE)), []
+        except OSError:
+            pass  # discarded meanwhile: compile it here
+    source = python_entry.find_source(plan)
+    return None, [source] if source else []
 
 
 def _with_precompiled_header(plan: BuildPlan, sources: list[Path], build_dir: Path,
@@ -78,10 +103,12 @@ def _with_precompiled_header(plan: BuildPlan, sources: list[Path], build_dir: Pa
     return precompiled_header.use_in(header, gch, sources, build_dir, include_dirs), ["-Winvalid-pch"]
 
 
-def _compile(plan: BuildPlan, build_dir: Path, sources: list[Path], extra_cxx_flags: list[str]) -> Optional[str]:
+def _compile(plan: BuildPlan, build_dir: Path, sources: list[Path], extra_cxx_flags: list[str],
+             ldflags: list[str]) -> Optional[str]:
     """One run of the build child over ``sources``: None on success, else the build log."""
     spec = plan.child_spec(build_dir, sources)
     spec["cxx_flags"] += extra_cxx_flags
+    spec["ldflags"] = ldflags
     spec_path = build_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     log_path = build_dir / "build.log"

@@ -10,7 +10,9 @@ precompiled_cache.py's job.
 What it holds: the torch and standard headers that apex/autograd.h includes, directly or through
 apex's other headers (apex/op.h among them), outside any #if. apex's own headers stay out, so
 editing them never rebuilds the .gch, and so the .gch does not depend on APEX_WITH_CUDA (which they
-test): one serves C++-only and CUDA ops alike.
+test): one serves C++-only and CUDA ops alike. Torch's Python bindings are not among them (only
+<Python.h>): a .gch saves their parse, not the ~5 s of code GCC generates from pybind11 in each unit
+that includes them, so they live in one unit that every op links (python_entry.py).
 
 Which units use it: those that include apex/op.h, directly or not (every registration unit, or the
 unity unit holding one). Each is compiled through a generated file in the build directory that

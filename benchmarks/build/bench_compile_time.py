@@ -10,9 +10,10 @@ overrides); without one only the C++ sources. A trivial torch extension (one C++
 torch.utils.cpp_extension.load_inline) is timed the same way first: the yardstick the op builds
 are held to. Results in NOTES.md beside this file.
 
---pch on (the default, as JIT builds do): torch's precompiled headers are built once first (their
-time on a line of its own), and each op's empty cache starts with them, as every op after a user's
-first finds them; --pch off: APEX_PCH=0, every unit parses torch's headers.
+--pch on (the default, as JIT builds do): torch's precompiled headers and the Python entry's object
+(op_builder/python_entry.py) are built once first (their time on a line of its own), and each op's
+empty cache starts with them, as every op after a user's first finds them; --pch off: APEX_PCH=0,
+every unit parses torch's headers (the object is still built once first).
 """
 from __future__ import annotations
 
@@ -48,17 +49,23 @@ print(time.monotonic() - start)
 """
 
 
-# Precompiles the torch headers that op argv[1]'s build would use into the (empty) cache.
+# Precompiles the torch headers that op argv[1]'s build would use into the (empty) cache, and
+# compiles the Python entry's object that every op links (--pch off: the object only).
 PRECOMPILE = """
 import sys, time, torch
 from apex.op_builder.plan import Purpose, plan_build
 from apex.op_builder.precompiled_cache import JitHeaders
 from apex.op_builder.precompiled_header import plan_header
+from apex.op_builder.python_entry import plan_object
 from apex.op_builder.registry import builder_for
 builder = builder_for(sys.argv[1])
-header = plan_header(plan_build(builder, Purpose.JIT))
+plan = plan_build(builder, Purpose.JIT)
+header, obj = plan_header(plan), plan_object(plan)
+shared = JitHeaders(builder.source_root)
 start = time.monotonic()
-assert header is not None and JitHeaders(builder.source_root).gch_for(header) is not None, "no precompiled header"
+assert obj is not None and shared.object_for(obj) is not None, "no Python entry object"
+if sys.argv[2] == "on":
+    assert header is not None and shared.gch_for(header) is not None, "no precompiled header"
 print(time.monotonic() - start)
 """
 
@@ -70,7 +77,7 @@ def _run(code: str, *args: str, env: dict) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _slowest_units(cache: Path, count: int = 3) -> str:
+def _slowest_units(cache: Path, count: int) -> str:
     """'file seconds' of the slowest compile steps, from the ninja log of the op's cache entry."""
     rows = []
     for log in cache.rglob(".ninja_log"):
@@ -90,6 +97,7 @@ def main() -> int:
     parser.add_argument("--pch", choices=("on", "off"), default="on",
                         help="on: torch's precompiled headers built once first, as after a user's first op "
                              "(default); off: APEX_PCH=0")
+    parser.add_argument("--units", type=int, default=3, help="how many of each op's slowest units to show")
     args = parser.parse_args()
     names = args.ops or list(all_builders())
     env = dict(os.environ, MAX_JOBS=str(args.jobs), APEX_PCH="1" if args.pch == "on" else "0",
@@ -103,19 +111,17 @@ def main() -> int:
         trivial = _run(TRIVIAL, str(Path(scratch) / "trivial"), env=env)
         print(f"{'op':<36} {'seconds':>8} {'x trivial':>9}  slowest units (s)")
         print(f"{'(trivial torch extension)':<36} {trivial:>8.1f} {1.0:>9.2f}")
-        headers = Path(scratch) / "cache-headers"
-        if args.pch == "on":
-            headers.mkdir(mode=0o700)
-            seconds = _run(PRECOMPILE, names[0], env=dict(env, APEX_CACHE_DIR=str(headers)))
-            print(f"{'(precompiled torch headers, once)':<36} {seconds:>8.1f} {seconds / trivial:>9.2f}", flush=True)
+        shared = Path(scratch) / "cache-shared"
+        shared.mkdir(mode=0o700)
+        seconds = _run(PRECOMPILE, names[0], args.pch, env=dict(env, APEX_CACHE_DIR=str(shared)))
+        what = "precompiled torch headers + Python entry" if args.pch == "on" else "Python entry"
+        print(f"{f'({what}, once)':<36} {seconds:>8.1f} {seconds / trivial:>9.2f}", flush=True)
         for name in names:
             cache = Path(scratch) / f"cache-{name}"
-            if args.pch == "on":  # linked, not copied: ~450 MB
-                shutil.copytree(headers, cache, copy_function=os.link)
-            else:
-                cache.mkdir(mode=0o700)
+            shutil.copytree(shared, cache, copy_function=os.link)  # linked, not copied: ~450 MB
             seconds = _run(BUILD_ONE, name, env=dict(env, APEX_CACHE_DIR=str(cache)))
-            print(f"{name:<36} {seconds:>8.1f} {seconds / trivial:>9.2f}  {_slowest_units(cache)}", flush=True)
+            print(f"{name:<36} {seconds:>8.1f} {seconds / trivial:>9.2f}  {_slowest_units(cache, args.units)}",
+                  flush=True)
     return 0
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from apex.op_builder import cache, compile_check, notice, precompiled_cache, precompiled_header, unity
+from apex.op_builder import cache, compile_check, notice, precompiled_cache, precompiled_header, python_entry, unity
 from apex.op_builder.builder import CppOpBuilder
 from apex.op_builder.compiler import compile_library
 from apex.op_builder.jit import load_builder
@@ -260,7 +260,77 @@ def test_a_check_of_several_ops_builds_one_header_for_the_run_and_leaves_nothing
     monkeypatch.setenv("APEX_PCH", "1")
     assert isinstance(precompiled_cache.for_run(1), precompiled_cache.RunHeaders)
     monkeypatch.setenv("APEX_PCH", "0")
-    assert precompiled_cache.for_run(13) is None
+    assert precompiled_cache.for_run(1) is None
+    assert isinstance(precompiled_cache.for_run(13), precompiled_cache.RunHeaders)  # the Python entry's object only
+
+
+# ---- the Python entry's object (python_entry.py), shared the same way ------------------------------
+STAND_IN_ENTRY_H = '#pragma once\nextern "C" __attribute__((visibility("hidden"))) int entry_answer();\n'
+STAND_IN_ENTRY_CPP = '#include "apex/python_entry.h"\nextern "C" int entry_answer() { return 42; }\n'
+USES_ENTRY = '#include "apex/python_entry.h"\nextern "C" int {name}_answer() {{ return entry_answer(); }}\n'
+
+
+@pytest.fixture
+def with_entry(stand_in: Path) -> Path:
+    (stand_in / "include" / "apex" / "python_entry.h").write_text(STAND_IN_ENTRY_H)
+    (stand_in / "include" / "apex" / "python_entry.cpp").write_text(STAND_IN_ENTRY_CPP)
+    for name in ("pch_op_a", "pch_op_b"):
+        (stand_in / name / f"{name}_entry.cpp").write_text(USES_ENTRY.format(name=name))
+    return stand_in
+
+
+def _objects(cache_dir: Path) -> list[Path]:
+    folder = cache_dir / precompiled_cache.OBJECT_CACHE_NAME
+    return sorted(p for p in folder.iterdir() if cache.is_entry(p)) if folder.is_dir() else []
+
+
+@pytest.mark.parametrize("pch", ["auto", "0"])
+def test_the_python_entry_is_compiled_once_and_linked_hidden_into_every_op(with_entry, jit_cache, said, monkeypatch,
+                                                                           pch):
+    import ctypes
+
+    monkeypatch.setenv("APEX_PCH", pch)
+    libraries = [load_builder(_op(name)(source_root=with_entry)) for name in ("pch_op_a", "pch_op_b")]
+    (entry,) = _objects(jit_cache)
+    assert sum("compiling apex's Python entry" in line for line in said) == 1, said
+    for name, library in zip(("pch_op_a", "pch_op_b"), libraries):
+        log = _build_log(jit_cache, name)
+        assert "python_entry.cpp" not in log and f"/{python_entry.OBJECT_FILE} " in log, log  # linked (a copy)
+        loaded = ctypes.CDLL(str(library))
+        assert getattr(loaded, f"{name}_answer")() == 42
+        with pytest.raises(AttributeError):
+            loaded.entry_answer  # hidden: each library keeps its own
+    (meta,) = [meta for path, meta in cache.apex_files(jit_cache) if path == entry]
+    assert meta["op"] == precompiled_cache.OBJECT_CACHE_NAME
+
+
+def test_without_a_shared_object_the_python_entry_is_one_of_the_ops_units(with_entry, tmp_path, monkeypatch):
+    monkeypatch.setenv("MAX_JOBS", "4")  # each source a unit of its own (unity.py)
+    plan = plan_build(_op("pch_op_a")(source_root=with_entry), Purpose.CHECK)
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    compile_library(plan, build_dir, failed_log=tmp_path / "failed.log", headers=None)
+    assert f"-c {with_entry / 'include' / 'apex' / 'python_entry.cpp'}" in (build_dir / "build.log").read_text()
+
+
+def test_the_python_entrys_key_follows_its_sources_and_flags_but_not_the_op(with_entry):
+    key = lambda name: python_entry.plan_object(plan_build(_op(name)(source_root=with_entry), Purpose.JIT)).key
+    first = key("pch_op_a")
+    assert key("pch_op_b") == first
+    (with_entry / "include" / "apex" / "python_entry.cpp").write_text(STAND_IN_ENTRY_CPP + "// edited\n")
+    assert key("pch_op_a") != first
+
+
+def test_apex_op_h_leaves_torchs_python_bindings_to_the_python_entry():
+    """pybind11 (through torch/csrc/Exceptions.h or python_variable.h) costs every unit that includes it
+    ~5 s of code generation at -O3: none of it in op.h, the precompiled header or a registration unit."""
+    include = REPO / "csrc" / "include"
+    included = precompiled_header.precompilable_includes(include / "apex" / "autograd.h", [include])
+    assert "Python.h" in included
+    python_bindings = [name for name in included if name.startswith("pybind11/") or name in (
+        "torch/csrc/Exceptions.h", "torch/python.h", "torch/extension.h")
+        or (name.startswith("torch/csrc/") and "python" in name.lower())]
+    assert python_bindings == []
 
 
 @pytest.mark.slow

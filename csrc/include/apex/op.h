@@ -38,7 +38,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
-#include <torch/csrc/autograd/python_variable.h>  // THPVariable_*, HANDLE_TH_ERRORS: the typed Python entry
 #include <torch/library.h>
 
 #include <deque>
@@ -53,6 +52,7 @@
 #include "apex/check.h"
 #include "apex/device.h"
 #include "apex/dtype.h"
+#include "apex/python_entry.h"  // <Python.h> and the typed Python entry's calls into torch's bindings
 
 // The block that declares and registers a source file's ops: APEX_LIBRARY(m) { apex::define<Op>(m); }
 #define APEX_LIBRARY(m) TORCH_LIBRARY_FRAGMENT(apex, m)
@@ -212,6 +212,9 @@ struct FirstOutput<Op, Ret(Args...)> {
 // ints / floats / bools, a tuple or list of ints); any other call goes, unchanged, to the fallback
 // it was made with (the boxed call), so what is accepted or refused, and with which message, is
 // torch.ops'. Python finds it by name: apex_python_entry (end of this header), through apex._ops.
+// What touches torch's Python bindings (unpacking and wrapping tensors, turning C++ errors and
+// warnings into Python's) is in apex/python_entry.h, compiled once, not in this header: those
+// bindings cost every unit that includes them ~5 s of code generation at -O3.
 
 namespace detail::python {
 
@@ -227,9 +230,8 @@ struct Arg<at::Tensor> {
   static constexpr bool kSupported = true;
   const at::Tensor* tensor = nullptr;  // the Python tensor's own, alive for the call (the caller holds it)
   bool load(PyObject* obj) {
-    if (!THPVariable_Check(obj)) return false;
-    tensor = &THPVariable_Unpack(obj);
-    return true;
+    tensor = tensor_of(obj);
+    return tensor != nullptr;
   }
   const at::Tensor& get() const { return *tensor; }
 };
@@ -240,8 +242,9 @@ struct Arg<std::optional<at::Tensor>> {
   std::optional<at::Tensor> tensor;
   bool load(PyObject* obj) {
     if (obj == Py_None) return true;
-    if (!THPVariable_Check(obj)) return false;
-    tensor = THPVariable_Unpack(obj);
+    const at::Tensor* given = tensor_of(obj);
+    if (given == nullptr) return false;
+    tensor = *given;
     return true;
   }
   const std::optional<at::Tensor>& get() const { return tensor; }
@@ -335,10 +338,22 @@ struct Entry<Op, at::Tensor(Args...)> {
     return kName;
   }
 
+  struct Call {
+    PyObject* fallback;
+    PyObject* const* args;
+    Py_ssize_t nargs;
+  };
+
+  // run_handled gives the whole call torch's error and warning handling (HANDLE_TH_ERRORS).
   static PyObject* call(PyObject* fallback, PyObject* const* args, Py_ssize_t nargs) {
-    HANDLE_TH_ERRORS
+    Call state{fallback, args, nargs};
+    return run_handled(&run, &state);
+  }
+
+  static PyObject* run(void* context) {
+    const Call& call = *static_cast<const Call*>(context);
     std::tuple<ArgOf<Args>...> loaded;
-    if (nargs == sizeof...(Args) && load(loaded, args, std::index_sequence_for<Args...>{})) {
+    if (call.nargs == sizeof...(Args) && load(loaded, call.args, std::index_sequence_for<Args...>{})) {
       static const auto handle = c10::Dispatcher::singleton()
                                      .findSchemaOrThrow(("apex::" + name()).c_str(), "")
                                      .template typed<at::Tensor(Args...)>();
@@ -347,10 +362,9 @@ struct Entry<Op, at::Tensor(Args...)> {
         const WithoutGil released;
         out = std::apply([](const auto&... arg) { return handle.call(arg.get()...); }, loaded);
       }
-      return THPVariable_Wrap(std::move(out));
+      return wrap(std::move(out));
     }
-    return PyObject_Vectorcall(fallback, args, static_cast<size_t>(nargs), nullptr);
-    END_HANDLE_TH_ERRORS
+    return PyObject_Vectorcall(call.fallback, call.args, static_cast<size_t>(call.nargs), nullptr);
   }
 
   template <size_t... I>

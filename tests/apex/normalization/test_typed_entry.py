@@ -68,7 +68,8 @@ def _outcome(call, *args):
 
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("case", ["int-input", "shape", "weight-shape", "weight-dtype", "meta-weight",
-                                  "flag-as-int", "too-many", "string-eps", "float-shape", "tensor-eps"])
+                                  "flag-as-int", "too-many", "string-eps", "float-shape", "tensor-eps",
+                                  "sparse-input"])
 def test_unusual_calls_end_as_the_boxed_calls(name, case):
     """Bad arguments raise the boxed call's error; unusual ones it takes give its result."""
     x, w, b = torch.randn(2, 4), torch.randn(4), torch.randn(4)
@@ -83,6 +84,8 @@ def test_unusual_calls_end_as_the_boxed_calls(name, case):
         "string-eps": _arguments(name, x, (4,), w, b, "1e-5", False),
         "float-shape": _arguments(name, x, (4.0,), w, b, 1e-5, False),
         "tensor-eps": _arguments(name, x, (4,), w, b, torch.tensor(1e-5), False),
+        # converted by the entry, refused by the dispatcher (no SparseCPU kernel): NotImplementedError
+        "sparse-input": _arguments(name, x.to_sparse(), (4,), w, b, 1e-5, False),
     }[case]
     boxed = _outcome(_boxed(name), *arguments)
     for call in (eager_op(LIBRARY, name), getattr(torch.ops.apex, name)):
@@ -92,6 +95,42 @@ def test_unusual_calls_end_as_the_boxed_calls(name, case):
             torch.testing.assert_close(outcome[1], boxed[1], rtol=0, atol=0)
         else:
             assert outcome == boxed
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_python_errors_raised_inside_the_call_come_out_unchanged(name):
+    """A Python exception raised below the entry (here by a dispatch mode) crosses the C++ call and comes
+    out as itself, as from the boxed call: torch's error handling around the entry's whole call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Refused(KeyError):
+        pass
+
+    class Refusing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            raise Refused(f"refused {func}")
+
+    arguments = _arguments(name, torch.randn(2, 4), (4,), None, None, 1e-5, False)
+    for call in (eager_op(LIBRARY, name), _boxed(name)):
+        with Refusing(), pytest.raises(Refused, match="refused apex") as raised:
+            call(*arguments)
+        assert type(raised.value) is Refused
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_warnings_issued_inside_the_call_are_python_warnings(name):
+    """A C++ warning (TORCH_WARN) issued below the entry surfaces as a Python warning, as torch's own
+    bindings do (HANDLE_TH_ERRORS' warning handler; the boxed _dispatch_call_boxed only prints it):
+    here functorch's fallback for an op without a batching rule, which warns under vmap (on by default)."""
+    import warnings
+
+    x = torch.randn(3, 2, 4)
+    typed = eager_op(LIBRARY, name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.vmap(lambda row: typed(*_arguments(name, row, (4,), None, None, 1e-5, False)))(x)
+    assert any(issubclass(w.category, UserWarning) and f"batching rule for apex::{name}" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
 
 
 def test_dispatch_mode_sees_the_op():
