@@ -3,8 +3,8 @@
 // layer_norm_backward_<dtypes>[_rms].cu instantiate, one dtype pair and norm each (so that ninja
 // compiles them in parallel: all pairs in one file took 83 s, one pair of both norms ~12 s of device
 // compile after the fused kernel's specialisations), and layer_norm_backward.cu dispatches to. The
-// fused launches (launch_fused) are split further, into layer_norm_backward_fused[4]_<dtypes>[_rms].cu
-// (see the `extern template` declarations).
+// 16-bit pairs' fused launches (launch_fused) are split further, into
+// layer_norm_backward_fused[4]_<dtype>[_rms].cu (see the `extern template` declarations).
 //
 // grad_input needs two sums per row (of g*dy and of g*dy*xhat); grad_weight / grad_bias are
 // sums over rows. The register-resident kernels keep each row in registers (as loaded, 16-bit
@@ -870,8 +870,8 @@ struct PersistentLaunch {
 
 // Launches backward_fused for rows of ITEMS vectors per thread, or returns false where it does not
 // apply (rows whose gamma copy leaves no room in shared memory next to the accumulators, near the
-// limit: backward_in_registers takes those). Units of their own instantiate it (see the `extern
-// template` declarations below).
+// limit: backward_in_registers takes those). For 16-bit T = W, units of their own instantiate it (see
+// the `extern template` declarations below).
 template <typename T, typename W, bool RMS, int ITEMS>
 bool launch_fused(PersistentLaunch<T, W>& launch) {
   const auto& limits = launch.limits;
@@ -910,19 +910,15 @@ bool launch_fused(PersistentLaunch<T, W>& launch) {
   return true;
 }
 
-// The fused launches hold most of a dtype pair's backward kernels (the prefetching and, for 16-bit
-// rows, the row-barrier instances): they compile in units of their own, so that no unit's device
-// compile comes near the op's 20 s build on 16 cores (issue 11; benchmarks/build/NOTES.md), each
-// about as large as what stays with backward_typed. LayerNorm's 16-bit (T = W) and float32 launches
-// take two units, layer_norm_backward_fused_<dtype>.cu (1 and 2 vectors a thread) and
-// layer_norm_backward_fused4_<dtype>.cu (4, and float32's 8); every other pair and norm (RMSNorm: no
-// beta, smaller; mixed pairs: no 8) takes one, layer_norm_backward_fused_<dtypes>[_rms].cu. The units
-// instantiating backward_typed see them through these declarations.
+// The fused launches of 16-bit rows (T = W) hold most of their dtype's backward kernels (the row
+// barriers and prefetching instances): they compile in units of their own, so that no unit's device
+// compile comes near the op's 20 s build on 16 cores (issue 11; benchmarks/build/NOTES.md), each about
+// as large as what stays with backward_typed: LayerNorm's in layer_norm_backward_fused_<dtype>.cu (1 and
+// 2 vectors a thread) and layer_norm_backward_fused4_<dtype>.cu (4), RMSNorm's (smaller: no beta) all
+// in layer_norm_backward_fused_<dtype>_rms.cu. The units instantiating backward_typed see them through
+// these declarations.
 using Bf16Launch = PersistentLaunch<c10::BFloat16, c10::BFloat16>;
 using Fp16Launch = PersistentLaunch<c10::Half, c10::Half>;
-using Bf16FloatLaunch = PersistentLaunch<c10::BFloat16, float>;
-using Fp16FloatLaunch = PersistentLaunch<c10::Half, float>;
-using FloatLaunch = PersistentLaunch<float, float>;
 extern template bool launch_fused<c10::BFloat16, c10::BFloat16, false, 1>(Bf16Launch&);
 extern template bool launch_fused<c10::BFloat16, c10::BFloat16, false, 2>(Bf16Launch&);
 extern template bool launch_fused<c10::BFloat16, c10::BFloat16, false, 4>(Bf16Launch&);
@@ -935,26 +931,6 @@ extern template bool launch_fused<c10::Half, c10::Half, false, 4>(Fp16Launch&);
 extern template bool launch_fused<c10::Half, c10::Half, true, 1>(Fp16Launch&);
 extern template bool launch_fused<c10::Half, c10::Half, true, 2>(Fp16Launch&);
 extern template bool launch_fused<c10::Half, c10::Half, true, 4>(Fp16Launch&);
-extern template bool launch_fused<c10::BFloat16, float, false, 1>(Bf16FloatLaunch&);
-extern template bool launch_fused<c10::BFloat16, float, false, 2>(Bf16FloatLaunch&);
-extern template bool launch_fused<c10::BFloat16, float, false, 4>(Bf16FloatLaunch&);
-extern template bool launch_fused<c10::BFloat16, float, true, 1>(Bf16FloatLaunch&);
-extern template bool launch_fused<c10::BFloat16, float, true, 2>(Bf16FloatLaunch&);
-extern template bool launch_fused<c10::BFloat16, float, true, 4>(Bf16FloatLaunch&);
-extern template bool launch_fused<c10::Half, float, false, 1>(Fp16FloatLaunch&);
-extern template bool launch_fused<c10::Half, float, false, 2>(Fp16FloatLaunch&);
-extern template bool launch_fused<c10::Half, float, false, 4>(Fp16FloatLaunch&);
-extern template bool launch_fused<c10::Half, float, true, 1>(Fp16FloatLaunch&);
-extern template bool launch_fused<c10::Half, float, true, 2>(Fp16FloatLaunch&);
-extern template bool launch_fused<c10::Half, float, true, 4>(Fp16FloatLaunch&);
-extern template bool launch_fused<float, float, false, 1>(FloatLaunch&);
-extern template bool launch_fused<float, float, false, 2>(FloatLaunch&);
-extern template bool launch_fused<float, float, false, 4>(FloatLaunch&);
-extern template bool launch_fused<float, float, false, 8>(FloatLaunch&);
-extern template bool launch_fused<float, float, true, 1>(FloatLaunch&);
-extern template bool launch_fused<float, float, true, 2>(FloatLaunch&);
-extern template bool launch_fused<float, float, true, 4>(FloatLaunch&);
-extern template bool launch_fused<float, float, true, 8>(FloatLaunch&);
 
 template <typename T, typename W, bool RMS>
 void backward_typed(const Cuda& device, const BackwardArgs& a, const Scratch& scratch) {

@@ -1,9 +1,0 @@
-// RMSNorm backward_fused launches for float16 rows with float32 parameters at 1, 2 and 4 vectors a thread (up
-// to 16384 columns): a unit of their own (layer_norm_backward.cuh, launch_fused).
-#include "layer_norm_backward.cuh"
-
-namespace apex::layer_norm {
-template bool launch_fused<c10::Half, float, true, 1>(Fp16FloatLaunch&);
-template bool launch_fused<c10::Half, float, true, 2>(Fp16FloatLaunch&);
-template bool launch_fused<c10::Half, float, true, 4>(Fp16FloatLaunch&);
-}  // namespace apex::layer_norm
