@@ -18,7 +18,7 @@ import re
 import pytest
 import torch
 
-from test_backward_kernels import check_backward, run_backward, statistics
+from test_backward_kernels import assert_backward_repeatable, check_backward, run_backward, statistics
 
 pytestmark = pytest.mark.gpu
 
@@ -44,16 +44,7 @@ def test_grid_edges(dtype, rms, params, shape):
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_grid_edges_repeatable(rms, shape):
     """Bitwise the same grads twice: each row's slot and block, and the order of the partial sums, are fixed."""
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn_like(x)
-    weight = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16)
-    bias = None if rms else torch.randn(shape[1], device="cuda", dtype=torch.bfloat16)
-    mean, invvar = statistics(x, rms)
-    first = run_backward(x, dy, mean, invvar, weight, bias, rms)
-    second = run_backward(x, dy, mean, invvar, weight, bias, rms)
-    for a, b in zip(first, second):
-        if a is not None:
-            assert torch.equal(a, b)
+    assert_backward_repeatable(*shape, rms)
 
 
 SHAPES = [
