@@ -15,14 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from . import toolchain
 from .plan import WITH_CUDA_DEFINE, BuildPlan
-from .precompiled_header import gcc_identity
+from .precompiled_header import gcc_identity, toolchain_fingerprint
 
 SOURCE = "apex/python_entry.cpp"  # under the op's include dirs, beside its header
 HEADER = "apex/python_entry.h"
@@ -61,21 +60,12 @@ def plan_object(plan: BuildPlan) -> Optional[ObjectPlan]:
     identity = gcc_identity(compiler) if compiler else None
     if identity is None:
         return None
-    import torch
-
     include_dir = str(source.parent.parent)
     flags = tuple(flag for flag in plan.cxx_flags if flag != WITH_CUDA_DEFINE)  # the source never tests it
     fingerprint = {
         "object_format": OBJECT_FORMAT,
         "sources": {name: (source.parent.parent / name).read_text() for name in (SOURCE, HEADER)},
-        "cxx_flags": list(flags),
-        "compiler": identity,
-        "torch": plan.fingerprint["torch"],
-        "torch_dir": str(Path(torch.__file__).resolve().parent),
-        "cuda": plan.fingerprint["cuda"],
-        "cxx11_abi": plan.fingerprint["cxx11_abi"],
-        "python_abi": plan.fingerprint["python_abi"],
-        "python_include": sysconfig.get_path("include", scheme="posix_prefix"),
+        **toolchain_fingerprint(plan, identity, flags),
     }
     key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:20]
     return ObjectPlan(source=source, cxx_flags=flags, include_dirs=(include_dir,), fingerprint=fingerprint, key=key)
