@@ -304,6 +304,45 @@ def test_the_python_entry_is_compiled_once_and_linked_hidden_into_every_op(with_
     assert meta["op"] == precompiled_cache.OBJECT_CACHE_NAME
 
 
+class _Timed(precompiled_cache.RunHeaders):
+    """One run's shared builds, each made slow enough (0.5 s more) that overlapping ones show."""
+
+    def __init__(self):
+        super().__init__()
+        self.spans: dict[str, tuple[float, float]] = {}
+
+    def _timed(self, name, build, plan):
+        import time
+
+        started = time.monotonic()
+        time.sleep(0.5)
+        built = build(plan)
+        self.spans[name] = (started, time.monotonic())
+        return built
+
+    def gch_for(self, header):
+        return self._timed("header", super().gch_for, header)
+
+    def object_for(self, obj):
+        return self._timed("object", super().object_for, obj)
+
+
+@pytest.mark.parametrize("jobs", ["2", "1"])
+def test_the_header_and_the_python_entry_build_side_by_side_given_a_second_job(with_entry, tmp_path, monkeypatch,
+                                                                              jobs):
+    monkeypatch.setenv("MAX_JOBS", jobs)
+    plan = plan_build(_op("pch_op_a")(source_root=with_entry), Purpose.CHECK)
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    with _Timed() as headers:
+        compile_library(plan, build_dir, failed_log=tmp_path / "failed.log", headers=headers)
+        (header_start, header_end), (object_start, object_end) = headers.spans["header"], headers.spans["object"]
+    overlap = min(header_end, object_end) - max(header_start, object_start)
+    assert (overlap > 0.4) == (jobs == "2"), headers.spans  # one job: one after the other
+    log = (build_dir / "build.log").read_text()
+    assert _used(log) and f"/{python_entry.OBJECT_FILE} " in log  # both used, as one after the other
+
+
 def test_without_a_shared_object_the_python_entry_is_one_of_the_ops_units(with_entry, tmp_path, monkeypatch):
     monkeypatch.setenv("MAX_JOBS", "4")  # each source a unit of its own (unity.py)
     plan = plan_build(_op("pch_op_a")(source_root=with_entry), Purpose.CHECK)
