@@ -73,17 +73,18 @@ def precompile(spec: dict) -> None:
     """Compile spec's header into spec's .gch with the compiler and the flags torch's extension
     builder gives each C++ unit of an op (GCC uses a .gch only where they match), less
     TORCH_EXTENSION_NAME, which differs per op, then spec's own flags (the op's, as in a build)."""
-    cxx, torch_flags = torch_cxx_command(spec["build_dir"])
-    command = [*cxx, *torch_flags, *spec["cxx_flags"], "-x", "c++-header", spec["header"], "-o", spec["output"]]
-    print(shlex.join(command), flush=True)
-    subprocess.run(command, check=True)
+    compile_as_torch_does(spec, ["-x", "c++-header", spec["header"]])
 
 
 def compile_object(spec: dict) -> None:
     """Compile spec's source into spec's object as torch's extension builder compiles an op's C++ unit."""
+    compile_as_torch_does(spec, ["-c", spec["object"]], [f"-I{folder}" for folder in spec["include_dirs"]])
+
+
+def compile_as_torch_does(spec: dict, what: list[str], includes: list[str] | None = None) -> None:
+    """One compiler run into spec's output: torch's compiler and C++ flags, then spec's, then ``what``."""
     cxx, torch_flags = torch_cxx_command(spec["build_dir"])
-    includes = [f"-I{folder}" for folder in spec["include_dirs"]]
-    command = [*cxx, *includes, *torch_flags, *spec["cxx_flags"], "-c", spec["object"], "-o", spec["output"]]
+    command = [*cxx, *(includes or []), *torch_flags, *spec["cxx_flags"], *what, "-o", spec["output"]]
     print(shlex.join(command), flush=True)
     subprocess.run(command, check=True)
 

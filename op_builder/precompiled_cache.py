@@ -46,23 +46,22 @@ def build(header: HeaderPlan, build_dir: Path) -> tuple[Optional[float], str]:
     """Precompile ``header`` into ``build_dir / GCH_FILE`` (its text beside it): (seconds, "") on
     success, (None, the build log) on failure."""
     (build_dir / HEADER_FILE).write_text(header.text)
-    spec_path = build_dir / "spec.json"
-    spec_path.write_text(json.dumps({"header": str(build_dir / HEADER_FILE), "output": str(build_dir / GCH_FILE),
-                                     "cxx_flags": list(header.cxx_flags), "build_dir": str(build_dir)}, indent=2))
-    log_path = build_dir / "build.log"
-    started = time.monotonic()
-    if run_child(spec_path, log_path, dict(os.environ, PATH=toolchain.build_path())):
-        return time.monotonic() - started, ""
-    return None, log_path.read_text(errors="replace")
+    return _run_build({"header": str(build_dir / HEADER_FILE), "output": str(build_dir / GCH_FILE),
+                       "cxx_flags": list(header.cxx_flags)}, build_dir)
 
 
 def build_object(obj: ObjectPlan, build_dir: Path) -> tuple[Optional[float], str]:
     """Compile the Python entry's ``obj`` into ``build_dir / OBJECT_FILE``: (seconds, "") on success,
     (None, the build log) on failure."""
+    return _run_build({"object": str(obj.source), "output": str(build_dir / OBJECT_FILE),
+                       "cxx_flags": list(obj.cxx_flags), "include_dirs": list(obj.include_dirs)}, build_dir)
+
+
+def _run_build(spec: dict, build_dir: Path) -> tuple[Optional[float], str]:
+    """One build child (_build_child.py) over ``spec`` in ``build_dir``: (seconds, "") on success,
+    (None, the build log) on failure."""
     spec_path = build_dir / "spec.json"
-    spec_path.write_text(json.dumps({"object": str(obj.source), "output": str(build_dir / OBJECT_FILE),
-                                     "cxx_flags": list(obj.cxx_flags), "include_dirs": list(obj.include_dirs),
-                                     "build_dir": str(build_dir)}, indent=2))
+    spec_path.write_text(json.dumps({**spec, "build_dir": str(build_dir)}, indent=2))
     log_path = build_dir / "build.log"
     started = time.monotonic()
     if run_child(spec_path, log_path, dict(os.environ, PATH=toolchain.build_path())):

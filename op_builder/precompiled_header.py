@@ -93,7 +93,6 @@ class HeaderPlan:
     key: str
 
 
-
 def toolchain_fingerprint(plan: BuildPlan, identity: str, flags: tuple[str, ...]) -> dict:
     """What an artifact shared by every op's build (the .gch, the typed entry's object) depends on
     besides its own text: the compile flags, the compiler, torch's headers and the flags torch's
@@ -110,6 +109,7 @@ def toolchain_fingerprint(plan: BuildPlan, identity: str, flags: tuple[str, ...]
         "python_abi": plan.fingerprint["python_abi"],
         "python_include": sysconfig.get_path("include", scheme="posix_prefix"),
     }
+
 
 def plan_header(plan: BuildPlan) -> Optional[HeaderPlan]:
     """The precompiled header ``plan``'s units can use, or None where there is none: turned off,
