@@ -90,6 +90,18 @@ def _slowest_units(cache: Path, count: int) -> str:
     return ", ".join(f"{name} {seconds:.1f}" for seconds, name in rows[:count])
 
 
+def _timeline(cache: Path) -> str:
+    """Every compile step as 'start-end file' in seconds from the build's first step, in start order:
+    how ninja's jobs were filled (a long unit started late stretches the build past its own time)."""
+    rows = []
+    for log in cache.rglob(".ninja_log"):
+        for line in log.read_text().splitlines()[1:]:
+            start, end, _, output, _ = line.split("\t")
+            rows.append((int(start) / 1000, int(end) / 1000, Path(output).name))
+    rows.sort()
+    return "\n".join(f"    {start:6.1f}-{end:6.1f}  {name}" for start, end, name in rows)
+
+
 def main() -> int:
     from apex.op_builder import all_builders
 
@@ -100,6 +112,7 @@ def main() -> int:
                         help="on: torch's precompiled headers built once first, as after a user's first op "
                              "(default); off: APEX_PCH=0")
     parser.add_argument("--units", type=int, default=3, help="how many of each op's slowest units to show")
+    parser.add_argument("--timeline", action="store_true", help="also print every unit's start and end")
     args = parser.parse_args()
     names = args.ops or list(all_builders())
     env = dict(os.environ, MAX_JOBS=str(args.jobs), APEX_PCH="1" if args.pch == "on" else "0",
@@ -124,6 +137,8 @@ def main() -> int:
             seconds = _run(BUILD_ONE, name, env=dict(env, APEX_CACHE_DIR=str(cache)))
             print(f"{name:<36} {seconds:>8.1f} {seconds / trivial:>9.2f}  {_slowest_units(cache, args.units)}",
                   flush=True)
+            if args.timeline:
+                print(_timeline(cache), flush=True)
     return 0
 
 
