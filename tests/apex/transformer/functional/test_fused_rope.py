@@ -578,6 +578,80 @@ def test_16bit_angle_table_empty_input(dtype):
     torch.cuda.synchronize()
 
 
+def _check_exact(t, freqs, start, tensor_format, interleaved, transpose, where):
+    """fused_apply_rotary_pos_emb of t against the composite bit for bit, forward and backward."""
+    b = t.shape[1] if tensor_format == "sbhd" else t.shape[0]
+    s = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
+    angles = _angle_rows(freqs, start if start is not None else torch.zeros(b, dtype=torch.long), s, tensor_format)
+    t = t.detach().requires_grad_()
+    out = fused_apply_rotary_pos_emb(t, freqs, transpose, tensor_format=tensor_format, interleaved=interleaved,
+                                     start_positions=start)
+    expected = reference(t, angles.cos(), angles.sin(), interleaved)
+    assert torch.equal(out, expected), where
+    g = torch.randn_like(out)
+    assert torch.equal(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0]), where
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_16bit_head_batch_edges_match_the_composite_exactly(dtype, interleaved):
+    """A thread's walk over its tokens' heads in batches of kHeadsInFlight, bit for bit against the
+    composite, forward and backward: 1, 2, 3, 5 and 9 heads a token (one batch, a
+    partial last batch, several batches); one token a thread (8192 tokens fill the grid's slots once),
+    one or two (9000: the last token ends early for part of a warp) and ~4 (32768); full and partial
+    rotary dims (copied units beside rotated ones); sbhd and bshd, with start positions; heads apart
+    in memory with the transposed output; then several units a thread per token (d = 8192), heads
+    split over head groups (2 tokens x 130 heads) and data off 16-byte alignment (one-element path)."""
+    torch.manual_seed(0)
+    d = 128
+    for heads, tokens, d2, tensor_format in itertools.product((1, 2, 3, 5, 9), (8192, 9000, 32768), (128, 64),
+                                                              ("sbhd", "bshd")):
+        b = 2
+        s = tokens // b
+        freqs = torch.randn(s + 3, 1, 1, d2, device="cuda") * 20
+        start = torch.tensor([3, 1], device="cuda") if tensor_format == "bshd" else None
+        shape = (s, b, heads, d) if tensor_format == "sbhd" else (b, s, heads, d)
+        x = torch.randn(shape, device="cuda").to(dtype)
+        heads_apart = x.transpose(-2, 0).contiguous().transpose(-2, 0)
+        for t, transpose in ((x, False), (heads_apart, True)):
+            _check_exact(t, freqs, start, tensor_format, interleaved, transpose,
+                         (heads, tokens, d2, tensor_format, transpose))
+    for s, b, heads, dd, d2 in [(3, 1, 1, 8192, 8192), (5, 2, 3, 8192, 4096), (2, 1, 130, 64, 32),
+                                (2, 1, 130, 128, 128), (37, 3, 5, 4096, 4096)]:
+        freqs = torch.randn(s, 1, 1, d2, device="cuda") * 20
+        _check_exact(torch.randn(s, b, heads, dd, device="cuda").to(dtype), freqs, None, "sbhd", interleaved, False,
+                     (s, b, heads, dd, d2))
+    for heads, tokens in itertools.product((1, 2, 3, 5, 9), (8192, 32768)):
+        flat = torch.randn(tokens * heads * d + 1, device="cuda").to(dtype)
+        t = flat[1:].view(tokens // 2, 2, heads, d)  # off 16-byte alignment
+        _check_exact(t, torch.randn(tokens // 2, 1, 1, d, device="cuda") * 20, None, "sbhd", interleaved, False,
+                     ("misaligned", heads, tokens))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_float32_head_batch_edges(interleaved):
+    """The float32 kernels (4-wide vectors, and the one-element path for misaligned data) through the same
+    head-batch edges as the 16-bit test, against the composite within float32's tolerance (FMA contraction)."""
+    torch.manual_seed(0)
+    d = 128
+    for heads, tokens, d2 in itertools.product((1, 2, 3, 5, 9), (8192, 9000, 32768), (128, 64)):
+        b, s = 2, tokens // 2
+        freqs = torch.randn(s, 1, 1, d2, device="cuda") * 20
+        x = torch.randn(s, b, heads, d, device="cuda")
+        flat = torch.empty(x.numel() + 1, device="cuda")
+        misaligned = flat[1:].view(x.shape)
+        misaligned.copy_(x)
+        for t in (x, misaligned):
+            t = t.detach().requires_grad_()
+            out = fused_apply_rotary_pos_emb(t, freqs, interleaved=interleaved)
+            expected = reference(t, freqs.cos(), freqs.sin(), interleaved)
+            check(out, expected, torch.float32)
+            g = torch.randn_like(out)
+            check(torch.autograd.grad(out, t, g)[0], torch.autograd.grad(expected, t, g)[0], torch.float32)
+
+
 # ---- the CUDA kernel's work split (csrc/fused_rope/rope_plan.h), checked on the CPU ------------------
 
 PLAN_CHECK = r"""
