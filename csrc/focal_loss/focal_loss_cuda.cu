@@ -1,7 +1,8 @@
 // focal_loss: CUDA kernels, two families. Which cases take which (kHasRowsKernels, rows_apply()):
 // - the rows kernels (rows_forward_kernel, rows_backward_kernel): gamma 2, 16-bit or float logits
 //   in 16-byte packs (rows 16-byte aligned), rows of 1 to 256 packs. The common case (RetinaNet-like
-//   heads: 96 classes); see "The rows kernels" below for why they are built as they are.
+//   heads: 96 classes); see "The rows kernels" below for why they are built as they are. bf16 with
+//   smoothing in [0, 1] takes rows_backward_half2_kernel instead (its bracket in packed f16x2).
 // - the general kernels (forward_kernel, backward_kernel): everything else: other gammas, double,
 //   rows that are not 16-byte aligned (one element a "pack"), rows of more than 256 packs.
 //
@@ -19,9 +20,7 @@
 // and a quarter of a reciprocal (reciprocals() below), with ~17 more instructions (the forward's
 // unmasked packs; PTX) where it took ~200 with expf / log1pf / powf (still issue-bound rather
 // than memory-bound at 96 classes: see the rows kernels). The positive class is a sign flip of the same formula.
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "apex/acc_type.h"
@@ -545,12 +544,13 @@ __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
                     write_pair);
 }
 
-// ---- A/B (APEX_FOCAL_VARIANT=half2, session 32): the bf16 rows backward in packed f16x2 ----
+// ---- The bf16 rows backward in packed f16x2 ----
 //
-// ncu (H200, bf16, 1M x 96): rows_backward_kernel is issue-bound (68% of issue slots, 80 registers,
-// 30% achieved occupancy, ~30 SASS instructions an element). half2 keeps the three special-function
-// ops an element in float (sm_90 has no packed lg2 or rcp, and ex2.approx.f16x2 is two MUFU.EX2.F16
-// plus a PRMT: no cheaper than float's two MUFU and one pack) and moves the rest, the O(1) bracket
+// ncu (H200, bf16, 1M x 96): the float rows backward is issue-bound (68% of issue slots, 80
+// registers, 30% achieved occupancy, ~30 SASS instructions an element). This kernel keeps the three
+// special-function ops an element in float (sm_90 has no packed lg2 or rcp, and ex2.approx.f16x2 is
+// two MUFU.EX2.F16 plus a PRMT: no cheaper than float's two MUFU and one pack) and moves the rest,
+// the O(1) bracket
 //   v = 2 q bce + p - u   (grad_y = p^2 v; p = sigmoid(y), q = sigmoid(-y), bce in natural units)
 // into f16x2 (two elements an instruction). The small factor p^2 and the scale stay float: p^2 is
 // below f16's range (2^-24) from |y| ~ 8.3, where grad_loss / num_positives up to 1e3 still makes
@@ -567,7 +567,7 @@ __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
 //
 // Range (f16: normal >= 2^-14, max 65504): y is packed with satfinite (|y| <= 65504; bf16 logits
 // are exact in f16 down to 2^-14, smaller ones are ~0 either way). With 0 <= u <= 1/2 (smoothing in
-// [0, 1]; other smoothings keep the default kernel) no f16 term overflows: max(y, 0) + l ln 2 - u y
+// [0, 1]; other smoothings take the float rows backward) no f16 term overflows: max(y, 0) + l ln 2 - u y
 // <= 65504 (1 - u) + 0.7 rounds to <= 65504, and for y < 0 it is <= u |y| + 0.7 <= 32753, so 2q bce
 // <= 65506 before rounding and v stays finite. Where |y| is that large the factor that multiplies
 // it is exactly 0: 2e underflows (y > 0: 2q = 2e p = 0) or p does (y < 0: f = 0). Flushes: 2e and
@@ -584,34 +584,20 @@ __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
 // f16 rounding at every step over y in [-20, 20] (step 1e-3) and u = 0, 0.05, 0.25, 0.5, wherever
 // the gradient exceeds the atol at scale 750: at most 0.22% relative. Then f v (float, ~2^-23) and
 // the bf16 rounding (2^-9, 0.2%): < 0.5% against the bf16 rtol 1.6e-2. fp16 logits (rtol 2e-3)
-// and float keep the default kernels.
+// and float take the float rows backward.
 //
-// half2 is capped like the default (kRowsBackwardBlocks: 80 registers, four 192-thread blocks an
-// SM; 4 bytes of spill, one L1 load a row pair); half2_occ at 64 (five blocks, 30 warps; 8 bytes).
-// SASS an element (bf16, 96 classes, the row loop, 16 elements an iteration): default 29.75 (476),
-// half2 29.0 (464), half2_occ 29.6 (473): the packing (2.5 cvt an element) and the v unpack eat
-// most of what f16x2 saves on the bracket.
-// To keep one: call its rows_backward_half2_kernel from launch_backward where half2_applies()
-// (without the variant test); to drop both: this section, the switch (variant(), half2_applies())
-// and its branch in launch_backward.
-enum class Variant { kDefault, kHalf2, kHalf2Occ };
-
-// APEX_FOCAL_VARIANT, read once: unset (default), half2 or half2_occ (the same kernel capped at 64
-// registers).
-Variant variant() {
-  static const Variant chosen = [] {
-    const char* v = std::getenv("APEX_FOCAL_VARIANT");
-    const std::string name = v == nullptr ? "" : v;
-    return name == "half2" ? Variant::kHalf2 : name == "half2_occ" ? Variant::kHalf2Occ : Variant::kDefault;
-  }();
-  return chosen;
-}
+// Capped like the float rows backward (kRowsBackwardBlocks: 80 registers, four 192-thread blocks an
+// SM; 4 bytes of spill, one L1 load a row pair). SASS an element (bf16, 96 classes, the row loop):
+// 29.0 against the float kernel's 29.75: the packing (2.5 cvt an element) and the v unpack eat most
+// of what f16x2 saves on the bracket. H200 (session 32, bench_focal_loss.py, bf16 1M x 96), GB/s
+// fwd / fwd+bwd: 2161 / 2803 against 2147 / 2681 and 2141 / 2696 for the float backward (+4%); the
+// same kernel capped at 64 registers (five blocks an SM, 8 bytes of spill) gave 2145 / 2731: a fifth
+// block an SM did not pay for its spills.
 
 // The bf16 rows backward with 0 <= smoothing <= 1 (the f16 range argument above needs u <= 1/2).
 template <class T>
-bool half2_applies(const Problem& p) {
-  return variant() != Variant::kDefault && std::is_same_v<T, c10::BFloat16> && p.smoothing >= 0.0 &&
-         p.smoothing <= 1.0;
+bool f16x2_backward_applies(const Problem& p) {
+  return std::is_same_v<T, c10::BFloat16> && p.smoothing >= 0.0 && p.smoothing <= 1.0;
 }
 
 C10_DEVICE C10_ALWAYS_INLINE float ex2_approx(float v) {
@@ -685,10 +671,6 @@ constexpr uint32_t kF16x2Two = 0x40004000u;        // 2.0
 constexpr uint32_t kF16x2MinusTwo = 0xc000c000u;   // -2.0
 constexpr uint32_t kF16x2Ln2 = 0x398c398cu;        // ln 2 = 0.69336 in f16 (rel. error 3.1e-4 < 2^-11)
 
-// half2_occ: blocks of kMaxThreads a SM holds, capping the kernel at 64 registers (8 bytes of spill,
-// loaded once a row pair) so that five 192-thread blocks (30 warps) fit instead of four (24).
-constexpr int kHalf2OccBlocks = 4;
-
 struct Half2Coefficients {
   float negative_scale, positive_scale;  // (1 - alpha) scale, -alpha scale
   uint32_t minus_u;                      // -u in both halves
@@ -736,8 +718,8 @@ C10_DEVICE C10_ALWAYS_INLINE uint4 half2_pack_grad(const uint4& raw, int real, i
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-template <int kVec, int kMinBlocks>
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
+template <int kVec>
+__global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
     rows_backward_half2_kernel(Problem p, Tile tile, const float* grad_loss, c10::BFloat16* grad) {
   const float scale = *grad_loss / *p.num_positives_sum;
   const float alpha = static_cast<float>(p.alpha);
@@ -844,9 +826,8 @@ void launch_backward(const Problem& p, const acc_type<T>* grad_loss, T* grad, co
   if constexpr (kHasRowsKernels<T, kVec>) {
     if (rows_apply(p, p.classes / kVec)) {
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        if (half2_applies<T>(p)) {
-          const auto kernel = variant() == Variant::kHalf2Occ ? rows_backward_half2_kernel<kVec, kHalf2OccBlocks>
-                                                              : rows_backward_half2_kernel<kVec, kRowsBackwardBlocks>;
+        if (f16x2_backward_applies<T>(p)) {
+          const auto kernel = rows_backward_half2_kernel<kVec>;
           const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
           kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);
           return;

@@ -68,8 +68,8 @@ RANGE_VALUES = {
 @pytest.mark.parametrize("smoothing", [0.0, 0.1, 1.0])
 @pytest.mark.parametrize("num_positives,grad_scale", [(1.0, 1e3), (1.0, 1e-3), (1e6, 1e3), (1e6, 1e-3), (3.0, 0.0)])
 def test_bf16_gradient_ranges(device, values, smoothing, num_positives, grad_scale):
-    # The bf16 backward at the ranges a packed-f16 kernel must survive (APEX_FOCAL_VARIANT=half2: its
-    # bracket in f16x2, the factor sigmoid(y)^2 and grad_loss / num_positives in float): the logits
+    # The bf16 backward at the ranges its packed-f16 kernel must survive (rows_backward_half2_kernel:
+    # its bracket in f16x2, the factor sigmoid(y)^2 and grad_loss / num_positives in float): the logits
     # above, positives (every class of some rows), background, ignored rows and padding classes
     # holding NaN / inf; gradients scaled from 1e-9 to 1e3, and by 0 (every gradient exactly 0).
     # Label smoothing up to 1 (the largest u the f16 bounds allow). Gradient against float64.
