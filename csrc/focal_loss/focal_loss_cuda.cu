@@ -1,7 +1,8 @@
 // focal_loss: CUDA kernels, two families. Which cases take which (kHasRowsKernels, rows_apply()):
 // - the rows kernels (rows_forward_kernel, rows_backward_kernel): gamma 2, 16-bit or float logits
 //   in 16-byte packs (rows 16-byte aligned), rows of 1 to 256 packs. The common case (RetinaNet-like
-//   heads: 96 classes); see "The rows kernels" below for why they are built as they are.
+//   heads: 96 classes); see "The rows kernels" below for why they are built as they are. bf16 with
+//   smoothing in [0, 1] takes rows_backward_half2_kernel instead (its bracket in packed f16x2).
 // - the general kernels (forward_kernel, backward_kernel): everything else: other gammas, double,
 //   rows that are not 16-byte aligned (one element a "pack"), rows of more than 256 packs.
 //
@@ -543,6 +544,204 @@ __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
                     write_pair);
 }
 
+// ---- The bf16 rows backward in packed f16x2 ----
+//
+// ncu (H200, bf16, 1M x 96): the float rows backward is issue-bound (68% of issue slots, 80
+// registers, 30% achieved occupancy, ~30 SASS instructions an element). This kernel keeps the three
+// special-function ops an element in float (sm_90 has no packed lg2 or rcp, and ex2.approx.f16x2 is
+// two MUFU.EX2.F16 plus a PRMT: no cheaper than float's two MUFU and one pack) and moves the rest,
+// the O(1) bracket
+//   v = 2 q bce + p - u   (grad_y = p^2 v; p = sigmoid(y), q = sigmoid(-y), bce in natural units)
+// into f16x2 (two elements an instruction). The small factor p^2 and the scale stay float: p^2 is
+// below f16's range (2^-24) from |y| ~ 8.3, where grad_loss / num_positives up to 1e3 still makes
+// gradients above the bf16 atol (1e-5), so f = scale * p^2 is one float product and the gradient
+// is f * float(v), rounded once to bf16.
+//
+// Per element, float: x from its bf16 bits (a shift or a mask), y (the positive's sign flip) and its
+// scale (two selects), 2e = 2^(1 - |x| log2 e), l = log2(1 + e), p = 2^(min(y, 0) log2 e - l)
+// (sigmoid(y) for either sign, no cancellation), f = p (p scale). Per pair, f16x2: y, 2e, l, p
+// packed (4 cvt), the mask y < 0 (HSET2), 2q = y >= 0 ? 2e p : 2 - 2p (2 and a LOP3),
+// bce = max(y, 0) + l ln 2 - u y (3), v = 2q bce + (p - u) (2); then v to float (2), f v (2), one
+// bf16x2 cvt, and one LOP3 a word that zeroes padding classes and ignored rows (their logits are
+// not masked on the way in: NaN or inf there computes garbage that this clears).
+//
+// Range (f16: normal >= 2^-14, max 65504): y is packed with satfinite (|y| <= 65504; bf16 logits
+// are exact in f16 down to 2^-14, smaller ones are ~0 either way). With 0 <= u <= 1/2 (smoothing in
+// [0, 1]; other smoothings take the float rows backward) no f16 term overflows: max(y, 0) + l ln 2 - u y
+// <= 65504 (1 - u) + 0.7 rounds to <= 65504, and for y < 0 it is <= u |y| + 0.7 <= 32753, so 2q bce
+// <= 65506 before rounding and v stays finite. Where |y| is that large the factor that multiplies
+// it is exactly 0: 2e underflows (y > 0: 2q = 2e p = 0) or p does (y < 0: f = 0). Flushes: 2e and
+// l go subnormal below 6e-5 (|y| > 10.4; l ~ 1.44 e) and vanish below 6e-8 (|y| > 17): there they
+// are next to terms of size ~1 (y > 0: 2 e y (1 - u) beside p - u >= 1/2 - u) or multiply a
+// gradient of size e^3 (y < 0, u = 0: v ~ 3e, grad ~ 3e^3 < 7e-13 scale), below the atol for any
+// scale under 1e7. p in f16 only enters 2 - 2p and p - u absolutely (its flushed tail < 6e-8).
+//
+// Error, step by step (f16 rounding 2^-11 relative an operation; ex2 / lg2.approx and float
+// products ~2^-22, negligible): 2e, l, p packed: 1 rounding each; 2q: 2e p or 2 - 2p: 2 deep;
+// bce: l ln 2 + max(y, 0), then - u y: 3 deep (u itself rounded once); v = 2q bce + (p - u): 4
+// deep. Terms are of one sign except -u: v / (sum of its terms' sizes) >= 1/3 over y, u in [0, 1/2]
+// (worst u = 1/2, y large: p - u ~ 1/2 beside p + u). Bound: 4 * 2^-11 * 3 ~ 0.6%; emulated with
+// f16 rounding at every step over y in [-20, 20] (step 1e-3) and u = 0, 0.05, 0.25, 0.5, wherever
+// the gradient exceeds the atol at scale 750: at most 0.22% relative. Then f v (float, ~2^-23) and
+// the bf16 rounding (2^-9, 0.2%): < 0.5% against the bf16 rtol 1.6e-2. fp16 logits (rtol 2e-3)
+// and float take the float rows backward.
+//
+// Capped like the float rows backward (kRowsBackwardBlocks: 80 registers, four 192-thread blocks an
+// SM; 4 bytes of spill, one L1 load a row pair). SASS an element (bf16, 96 classes, the row loop):
+// 29.0 against the float kernel's 29.75: the packing (2.5 cvt an element) and the v unpack eat most
+// of what f16x2 saves on the bracket. H200 (session 32, bench_focal_loss.py, bf16 1M x 96), GB/s
+// fwd / fwd+bwd: 2161 / 2803 against 2147 / 2681 and 2141 / 2696 for the float backward (+4%); the
+// same kernel capped at 64 registers (five blocks an SM, 8 bytes of spill) gave 2145 / 2731: a fifth
+// block an SM did not pay for its spills.
+
+// The bf16 rows backward with 0 <= smoothing <= 1 (the f16 range argument above needs u <= 1/2).
+template <class T>
+bool f16x2_backward_applies(const Problem& p) {
+  return std::is_same_v<T, c10::BFloat16> && p.smoothing >= 0.0 && p.smoothing <= 1.0;
+}
+
+C10_DEVICE C10_ALWAYS_INLINE float ex2_approx(float v) {
+  float out;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(v));
+  return out;
+}
+C10_DEVICE C10_ALWAYS_INLINE float lg2_approx(float v) {
+  float out;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(v));
+  return out;
+}
+// f16x2 / bf16x2 words: low half = element 2j, high half = element 2j + 1 (memory order).
+C10_DEVICE C10_ALWAYS_INLINE uint32_t f16x2_of(float low, float high) {
+  uint32_t out;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
+  return out;
+}
+C10_DEVICE C10_ALWAYS_INLINE uint32_t f16x2_saturated_of(float low, float high) {
+  uint32_t out;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
+  return out;
+}
+C10_DEVICE C10_ALWAYS_INLINE uint32_t bf16x2_of(float low, float high) {
+  uint32_t out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
+  return out;
+}
+C10_DEVICE C10_ALWAYS_INLINE void floats_of_f16x2(uint32_t v, float& low, float& high) {
+  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
+      : "=f"(low), "=f"(high) : "r"(v));
+}
+C10_DEVICE C10_ALWAYS_INLINE uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t out;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(c));
+  return out;
+}
+C10_DEVICE C10_ALWAYS_INLINE uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t out;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+C10_DEVICE C10_ALWAYS_INLINE uint32_t hadd2(uint32_t a, uint32_t b) {
+  uint32_t out;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+C10_DEVICE C10_ALWAYS_INLINE uint32_t hmax2(uint32_t a, uint32_t b) {
+  uint32_t out;
+  asm("max.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+// 0xffff in each half where a < b, else 0.
+C10_DEVICE C10_ALWAYS_INLINE uint32_t hlt2_mask(uint32_t a, uint32_t b) {
+  uint32_t out;
+  asm("set.lt.u32.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+
+// The low min(n, 32) bits set (n >= 0): one funnel shift, where the bits of a word's real classes as
+// two compares and selects are what ptxas rematerializes each row.
+C10_DEVICE C10_ALWAYS_INLINE uint32_t low_bits(int n) {
+  uint32_t out;
+  asm("shf.l.clamp.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(~0u), "r"(0u), "r"(n));
+  return out;
+}
+
+// f16x2 constants (both halves).
+constexpr uint32_t kF16x2Zero = 0x00000000u;
+constexpr uint32_t kF16x2Two = 0x40004000u;        // 2.0
+constexpr uint32_t kF16x2MinusTwo = 0xc000c000u;   // -2.0
+constexpr uint32_t kF16x2Ln2 = 0x398c398cu;        // ln 2 = 0.69336 in f16 (rel. error 3.1e-4 < 2^-11)
+
+struct Half2Coefficients {
+  float negative_scale, positive_scale;  // (1 - alpha) scale, -alpha scale
+  uint32_t minus_u;                      // -u in both halves
+};
+
+// The gradient of one row's pack of 8 bf16 logits (raw) whose first `real` are real classes,
+// `positive` the row's positive class in the pack or -1, `row_keep` 0 for an ignored row (else all
+// ones). Padding and ignored rows are not masked on the way in (Bf16Column's eight PRMT selectors,
+// which the default backward rematerializes every row at 80 registers: a compare and a select an
+// element): whatever they compute, NaN included, is cleared in the output words, one LOP3 a word
+// with the row's mask.
+C10_DEVICE C10_ALWAYS_INLINE uint4 half2_pack_grad(const uint4& raw, int real, int positive, uint32_t row_keep,
+                                                   const Half2Coefficients& w) {
+  const uint32_t in[kWords] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t out[kWords];
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    // bf16 is a float's top half.
+    const float xs[2] = {__uint_as_float(in[j] << 16), __uint_as_float(in[j] & 0xffff0000u)};
+    float y[2], two_e[2], l[2], p[2], f[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float x = xs[h];
+      const bool is_positive = 2 * j + h == positive;
+      y[h] = is_positive ? -x : x;
+      const float scale = is_positive ? w.positive_scale : w.negative_scale;
+      two_e[h] = ex2_approx(fmaf(fabsf(x), -kLog2e, 1.0f));    // 2 exp(-|y|)
+      l[h] = lg2_approx(fmaf(two_e[h], 0.5f, 1.0f));           // log2(1 + e)
+      p[h] = ex2_approx(fmaf(fminf(y[h], 0.0f), kLog2e, -l[h]));  // sigmoid(y) = 2^(min(y, 0) log2 e) / (1 + e)
+      f[h] = p[h] * (p[h] * scale);
+    }
+    const uint32_t yh = f16x2_saturated_of(y[0], y[1]);
+    const uint32_t ph = f16x2_of(p[0], p[1]);
+    const uint32_t negative = hlt2_mask(yh, kF16x2Zero);
+    // 2 sigmoid(-y): 2e p (= 2e / (1 + e)) for y >= 0, 2 - 2p for y < 0 (p <= 1/2: no cancellation).
+    const uint32_t two_q = (hmul2(f16x2_of(two_e[0], two_e[1]), ph) & ~negative) |
+                           (hfma2(ph, kF16x2MinusTwo, kF16x2Two) & negative);
+    // bce = max(y, 0) + ln(1 + e) - u y.
+    const uint32_t bce = hfma2(yh, w.minus_u, hfma2(f16x2_of(l[0], l[1]), kF16x2Ln2, hmax2(yh, kF16x2Zero)));
+    const uint32_t v = hfma2(two_q, bce, hadd2(ph, w.minus_u));
+    float v0, v1;
+    floats_of_f16x2(v, v0, v1);
+    out[j] = bf16x2_of(f[0] * v0, f[1] * v1) & low_bits(std::max(16 * real - 32 * j, 0)) & row_keep;
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
+    rows_backward_half2_kernel(Problem p, Tile tile, const float* grad_loss, c10::BFloat16* grad) {
+  const float scale = *grad_loss / *p.num_positives_sum;
+  const float alpha = static_cast<float>(p.alpha);
+  const c10::Half minus_u(static_cast<float>(-p.smoothing / 2));
+  const Half2Coefficients w{(1.0f - alpha) * scale, -alpha * scale, static_cast<uint32_t>(minus_u.x) * 0x10001u};
+  const int r = static_cast<int>(threadIdx.x) / tile.cols, k = static_cast<int>(threadIdx.x) % tile.cols;
+  const Bf16Column c = bf16_column_of(p, k);  // first and real (its selectors go unused)
+  const int64_t row = r < tile.rows ? static_cast<int64_t>(blockIdx.x) * tile.rows + r : p.rows;
+  const int64_t element_step = static_cast<int64_t>(gridDim.x) * tile.rows * p.classes;
+  const auto write_pair = [&](const RowPair& pair, int64_t offset, bool second) {
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      if (i > 0 && !second) break;
+      const uint32_t row_keep = pair.label[i] == kIgnored ? 0u : ~0u;  // whatever its logits
+      *reinterpret_cast<uint4*>(grad + offset + i * element_step) =
+          half2_pack_grad(pair.raw[i], c.real, positive_in(pair.label[i], c), row_keep, w);
+    }
+  };
+  for_each_row_pair(p, row, static_cast<int64_t>(gridDim.x) * tile.rows, c.first, sizeof(c10::BFloat16), c.real > 0,
+                    write_pair);
+}
+
 int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
 // cols = the full packs (up to kMaxThreads); rows: a multiple of kWarp / gcd(cols, kWarp), so that
@@ -626,6 +825,14 @@ void launch_backward(const Problem& p, const acc_type<T>* grad_loss, T* grad, co
   const int threads = cuda::whole_warps(tile.cols * tile.rows);
   if constexpr (kHasRowsKernels<T, kVec>) {
     if (rows_apply(p, p.classes / kVec)) {
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (f16x2_backward_applies<T>(p)) {
+          const auto kernel = rows_backward_half2_kernel<kVec>;
+          const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
+          kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);
+          return;
+        }
+      }
       const auto kernel = rows_backward_kernel<T, kVec, kGammaTwo>;
       const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
       kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);

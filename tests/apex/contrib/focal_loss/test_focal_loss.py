@@ -52,6 +52,55 @@ def check(logits, targets, num_positives, real_classes, alpha=0.25, gamma=2.0, s
     torch.testing.assert_close(x.grad.double(), expected_x.grad, rtol=rtol, atol=atol)
 
 
+RANGE_VALUES = {
+    # |logits| where exp underflows in float and f16, past f16's largest value (65504) and far past it.
+    "large": [-1e30, -1e5, -88.0, -30.0, -20.0, 20.0, 30.0, 88.0, 1e5, 1e30],
+    # Around the f16 limits of the packed backward: sigmoid(y)^2 leaves f16's range from |y| ~ 8.3 and
+    # exp(-|y|) goes subnormal from ~10.4 and to zero from ~17, while the gradient still counts.
+    "f16_edges": [-17.5, -12.0, -10.5, -9.7, -8.5, -8.0, -6.0, -3.0, 3.0, 6.0, 8.5, 10.5, 12.0, 17.5],
+    # Near 0 (sigmoid ~ 1/2, bce ~ ln 2), bf16 values below f16's normal range, and exact zeros.
+    "near_zero": [0.0, -0.0, 1e-10, -1e-10, 3e-6, -3e-6, 1e-3, -1e-3, 0.125, -0.125],
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("values", list(RANGE_VALUES))
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("num_positives,grad_scale", [(1.0, 1e3), (1.0, 1e-3), (1e6, 1e3), (1e6, 1e-3), (3.0, 0.0)])
+def test_bf16_gradient_ranges(device, values, smoothing, num_positives, grad_scale):
+    # The bf16 backward at the ranges its packed-f16 kernel must survive (rows_backward_half2_kernel:
+    # its bracket in f16x2, the factor sigmoid(y)^2 and grad_loss / num_positives in float): the logits
+    # above, positives (every class of some rows), background, ignored rows and padding classes
+    # holding NaN / inf; gradients scaled from 1e-9 to 1e3, and by 0 (every gradient exactly 0).
+    # Label smoothing up to 1 (the largest u the f16 bounds allow). Gradient against float64.
+    anchors, classes, real = 1037, 96, 91
+    pool = torch.tensor(RANGE_VALUES[values], dtype=torch.float64)
+    logits = pool[torch.randint(0, len(pool), (anchors, classes))].to(torch.bfloat16).to(device)
+    targets = torch.randint(-1, real, (anchors,))
+    targets[::5] = torch.arange(0, anchors, 5) % real  # positives in every real class
+    targets[1::9] = -2
+    targets = targets.to(device)
+    bad = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=torch.bfloat16, device=device)
+    dirty = logits.clone()
+    dirty[:, real:] = bad[torch.arange(classes - real, device=device) % 3]
+    dirty[targets == -2] = bad[torch.arange(classes, device=device) % 3]
+    clean = logits.clone()
+    clean[:, real:] = 0
+    clean[targets == -2] = 0
+    npos = torch.tensor([num_positives], device=device)
+    x = dirty.detach().requires_grad_()
+    focal_loss.focal_loss(x, targets, npos, real, 0.25, 2.0, smoothing).backward(
+        torch.tensor(grad_scale, device=device))
+    expected_x = clean.detach().double().requires_grad_()
+    reference(expected_x, targets, npos, real, 0.25, 2.0, smoothing).backward(
+        torch.tensor(grad_scale, dtype=torch.float64, device=device))
+    assert torch.all(x.grad[:, real:] == 0) and torch.all(x.grad[targets == -2] == 0)
+    if grad_scale == 0.0:
+        assert torch.all(x.grad == 0)
+    rtol, atol = GRAD_TOL[torch.bfloat16]
+    torch.testing.assert_close(x.grad.double(), expected_x.grad, rtol=rtol, atol=atol)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("classes,real", [(96, 91), (64, 64), (72, 65)])
