@@ -101,6 +101,35 @@ def test_bf16_gradient_ranges(device, values, smoothing, num_positives, grad_sca
     torch.testing.assert_close(x.grad.double(), expected_x.grad, rtol=rtol, atol=atol)
 
 
+LOOP_CLASSES = [(1, 1), (7, 7), (8, 8), (9, 9), (96, 91), (96, 96), (97, 97), (256, 256)]
+# Rows a thread of the rows kernels walks (anchors over the grid's row step, ~8.4k-10.6k at 96 classes
+# on an H200, ~3.2k at 256): 4-5, 6-7, 8-9 and 11-12, around its walk by pairs of rows with the next
+# pair in flight. Classes 1, 7, 9 and 97 take the general kernels.
+LOOP_ROWS = [40000, 55001, 70001, 100003]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("classes,real", LOOP_CLASSES)
+@pytest.mark.parametrize("anchors", [1, 2, 3, 31, 33])
+def test_bf16_row_walk_few_rows(device, classes, real, anchors):
+    # One to three rows (a thread's first pair partial or whole), and a block's rows (16 at 96
+    # classes) odd and even past one block.
+    torch.manual_seed(anchors * 1000 + classes)
+    logits, targets, num_positives = make((anchors,), classes, torch.bfloat16, device)
+    check(logits, targets, num_positives, real, smoothing=0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("classes,real", [(96, 91), (96, 96), (256, 256)])
+@pytest.mark.parametrize("anchors", LOOP_ROWS)
+def test_bf16_row_walk_many_rows(device, classes, real, anchors):
+    torch.manual_seed(anchors + classes)
+    logits, targets, num_positives = make((anchors,), classes, torch.bfloat16, device)
+    targets[-5:] = torch.tensor([-2, real - 1, 0, -1, real - 1], device=device)  # the last rows' tail
+    num_positives = (targets >= 0).sum().float().clamp(min=1).reshape(1)
+    check(logits, targets, num_positives, real, smoothing=0.1)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("classes,real", [(96, 91), (64, 64), (72, 65)])
