@@ -610,22 +610,30 @@ C10_DEVICE C10_ALWAYS_INLINE float lg2_approx(float v) {
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(v));
   return out;
 }
-// f16x2 / bf16x2 words: low half = element 2j, high half = element 2j + 1 (memory order).
-C10_DEVICE C10_ALWAYS_INLINE uint32_t f16x2_of(float low, float high) {
-  uint32_t out;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
-  return out;
-}
-C10_DEVICE C10_ALWAYS_INLINE uint32_t f16x2_saturated_of(float low, float high) {
-  uint32_t out;
-  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
-  return out;
-}
-C10_DEVICE C10_ALWAYS_INLINE uint32_t bf16x2_of(float low, float high) {
-  uint32_t out;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));
-  return out;
-}
+// f16x2 / bf16x2 words: low half = element 2j, high half = element 2j + 1 (memory order). Each packed
+// PTX instruction the kernel uses, as a function of 32-bit words, spelled once by these macros.
+#define APEX_PACK_TWO_FLOATS(name, ptx)                                                   \
+  C10_DEVICE C10_ALWAYS_INLINE uint32_t name(float low, float high) {                     \
+    uint32_t out;                                                                          \
+    asm(ptx " %0, %1, %2;" : "=r"(out) : "f"(high), "f"(low));                             \
+    return out;                                                                            \
+  }
+#define APEX_PACKED_BINARY(name, ptx)                                                     \
+  C10_DEVICE C10_ALWAYS_INLINE uint32_t name(uint32_t a, uint32_t b) {                    \
+    uint32_t out;                                                                          \
+    asm(ptx " %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));                                  \
+    return out;                                                                            \
+  }
+APEX_PACK_TWO_FLOATS(f16x2_of, "cvt.rn.f16x2.f32")
+APEX_PACK_TWO_FLOATS(f16x2_saturated_of, "cvt.rn.satfinite.f16x2.f32")
+APEX_PACK_TWO_FLOATS(bf16x2_of, "cvt.rn.bf16x2.f32")
+APEX_PACKED_BINARY(hmul2, "mul.rn.f16x2")
+APEX_PACKED_BINARY(hadd2, "add.rn.f16x2")
+APEX_PACKED_BINARY(hmax2, "max.f16x2")
+APEX_PACKED_BINARY(hlt2_mask, "set.lt.u32.f16x2")  // 0xffff in each half where a < b, else 0
+#undef APEX_PACK_TWO_FLOATS
+#undef APEX_PACKED_BINARY
+
 C10_DEVICE C10_ALWAYS_INLINE void floats_of_f16x2(uint32_t v, float& low, float& high) {
   asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
       : "=f"(low), "=f"(high) : "r"(v));
@@ -633,27 +641,6 @@ C10_DEVICE C10_ALWAYS_INLINE void floats_of_f16x2(uint32_t v, float& low, float&
 C10_DEVICE C10_ALWAYS_INLINE uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t out;
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(c));
-  return out;
-}
-C10_DEVICE C10_ALWAYS_INLINE uint32_t hmul2(uint32_t a, uint32_t b) {
-  uint32_t out;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
-  return out;
-}
-C10_DEVICE C10_ALWAYS_INLINE uint32_t hadd2(uint32_t a, uint32_t b) {
-  uint32_t out;
-  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
-  return out;
-}
-C10_DEVICE C10_ALWAYS_INLINE uint32_t hmax2(uint32_t a, uint32_t b) {
-  uint32_t out;
-  asm("max.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
-  return out;
-}
-// 0xffff in each half where a < b, else 0.
-C10_DEVICE C10_ALWAYS_INLINE uint32_t hlt2_mask(uint32_t a, uint32_t b) {
-  uint32_t out;
-  asm("set.lt.u32.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
   return out;
 }
 
