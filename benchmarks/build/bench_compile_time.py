@@ -79,27 +79,26 @@ def _run(code: str, *args: str, env: dict) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _slowest_units(cache: Path, count: int) -> str:
-    """'file seconds' of the slowest compile steps, from the ninja log of the op's cache entry."""
-    rows = []
-    for log in cache.rglob(".ninja_log"):
-        for line in log.read_text().splitlines()[1:]:
-            start, end, _, output, _ = line.split("\t")
-            rows.append(((int(end) - int(start)) / 1000, Path(output).name))
-    rows.sort(reverse=True)
-    return ", ".join(f"{name} {seconds:.1f}" for seconds, name in rows[:count])
-
-
-def _timeline(cache: Path) -> str:
-    """Every compile step as 'start-end file' in seconds from the build's first step, in start order:
-    how ninja's jobs were filled (a long unit started late stretches the build past its own time)."""
+def _compile_steps(cache: Path) -> list[tuple[float, float, str]]:
+    """(start s, end s, output file) of every compile step, from the ninja log of the op's cache entry."""
     rows = []
     for log in cache.rglob(".ninja_log"):
         for line in log.read_text().splitlines()[1:]:
             start, end, _, output, _ = line.split("\t")
             rows.append((int(start) / 1000, int(end) / 1000, Path(output).name))
-    rows.sort()
-    return "\n".join(f"    {start:6.1f}-{end:6.1f}  {name}" for start, end, name in rows)
+    return rows
+
+
+def _slowest_units(cache: Path, count: int) -> str:
+    """'file seconds' of the slowest compile steps."""
+    slowest = sorted(((end - start, name) for start, end, name in _compile_steps(cache)), reverse=True)
+    return ", ".join(f"{name} {seconds:.1f}" for seconds, name in slowest[:count])
+
+
+def _timeline(cache: Path) -> str:
+    """Every compile step as 'start-end file' in seconds from the build's first step, in start order:
+    how ninja's jobs were filled (a long unit started late stretches the build past its own time)."""
+    return "\n".join(f"    {start:6.1f}-{end:6.1f}  {name}" for start, end, name in sorted(_compile_steps(cache)))
 
 
 def main() -> int:
