@@ -594,11 +594,9 @@ __global__ void __launch_bounds__(kMaxThreads, kRowsBackwardBlocks)
 // same kernel capped at 64 registers (five blocks an SM, 8 bytes of spill) gave 2145 / 2731: a fifth
 // block an SM did not pay for its spills.
 
-// The bf16 rows backward with 0 <= smoothing <= 1 (the f16 range argument above needs u <= 1/2).
-template <class T>
-bool f16x2_backward_applies(const Problem& p) {
-  return std::is_same_v<T, c10::BFloat16> && p.smoothing >= 0.0 && p.smoothing <= 1.0;
-}
+// Whether a bf16 rows backward takes the f16x2 kernel: 0 <= smoothing <= 1 (the f16 range argument
+// above needs u <= 1/2).
+bool f16x2_backward_applies(const Problem& p) { return p.smoothing >= 0.0 && p.smoothing <= 1.0; }
 
 C10_DEVICE C10_ALWAYS_INLINE float ex2_approx(float v) {
   float out;
@@ -810,26 +808,21 @@ template <class T, int kVec>
 void launch_backward(const Problem& p, const acc_type<T>* grad_loss, T* grad, const Cuda& device) {
   const Tile tile = cuda::block_tile(p.classes / kVec, kMaxThreads);
   const int threads = cuda::whole_warps(tile.cols * tile.rows);
+  // Every backward kernel takes the same arguments and one wave of `tile` blocks.
+  const auto launch = [&](auto kernel) {
+    const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
+    kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);
+  };
   if constexpr (kHasRowsKernels<T, kVec>) {
     if (rows_apply(p, p.classes / kVec)) {
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        if (f16x2_backward_applies<T>(p)) {
-          const auto kernel = rows_backward_half2_kernel<kVec>;
-          const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
-          kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);
-          return;
-        }
+        if (f16x2_backward_applies(p)) return launch(rows_backward_half2_kernel<kVec>);
       }
-      const auto kernel = rows_backward_kernel<T, kVec, kGammaTwo>;
-      const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
-      kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);
-      return;
+      return launch(rows_backward_kernel<T, kVec, kGammaTwo>);
     }
   }
   with_gamma(p, [&](auto gamma) {
-    const auto kernel = backward_kernel<T, kVec, decltype(gamma)::value>;
-    const unsigned blocks = blocks_for(p, tile.rows, threads, reinterpret_cast<const void*>(kernel), device);
-    kernel<<<blocks, threads, 0, cuda::stream(device)>>>(p, tile, grad_loss, grad);
+    launch(backward_kernel<T, kVec, decltype(gamma)::value>);
   });
 }
 
